@@ -1,0 +1,39 @@
+# Two commands for a fresh clone: `make book` and `make test`. See README.md.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Written after a successful install; older than requirements.txt or pyproject.toml means reinstall.
+STAMP  := $(VENV)/.installed
+
+.PHONY: book test unit notebooks lab execute clean help
+
+help:
+	@echo "make book     build the HTML book into _build/html (creates .venv on first use)"
+	@echo "make test     unit tests, every chapter under nbval, the book build (-W) and the browser test"
+	@echo "make lab      open the notebooks in JupyterLab with minitransformer importable"
+	@echo "make execute  re-execute every chapter in place (after a package change)"
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+test: book
+	$(BIN)/python -m pytest
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab book
+
+# Fresh kernel per notebook, timing metadata off: an unchanged notebook stays byte-identical.
+# NB=book/01_one_hot_and_dot_products.ipynb re-executes a single chapter.
+NB ?= $(sort $(wildcard book/*.ipynb))
+execute: $(STAMP)
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+		--ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=900 $(NB)
+
+clean:
+	rm -rf _build .pytest_cache

@@ -4,6 +4,7 @@ Each module holds one idea of the book and names the chapter that explains it. E
 chapter uses is re-exported here, so a chapter writes ``from minitransformer import one_hot``.
 """
 
+from minitransformer.attention import softmax
 from minitransformer.device import default_device
 from minitransformer.plot import heatmap
 from minitransformer.vocab import Vocabulary, one_hot, tokenize
@@ -13,5 +14,6 @@ __all__ = [
     "default_device",
     "heatmap",
     "one_hot",
+    "softmax",
     "tokenize",
 ]

@@ -100,7 +100,9 @@ def one_hot(indices: Sequence[int], size: int) -> np.ndarray:
     ids = np.asarray(indices)
     if ids.ndim != 1:
         raise ValueError(f"indices must be a flat list of ids, got shape {ids.shape}")
-    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+    if ids.size == 0:
+        return np.zeros((0, size))
+    if not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"indices must be integers, got {ids.tolist()}")
     bad = [int(i) for i in ids if not 0 <= i < size]
     if bad:

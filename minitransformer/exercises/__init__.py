@@ -73,18 +73,16 @@ def _to_numpy(value: Any) -> Any:
 
 def show(value: Any, limit: int = 160) -> str:
     """A short, stable text for a value in a checker message (4 decimals, one line)."""
+    if isinstance(value, tuple):  # the arguments of a case, shown one by one
+        text = "(" + ", ".join(show(v, limit) for v in value) + ("," if len(value) == 1 else "") + ")"
+        return text if len(text) <= limit else text[: limit - 1] + "…"
     value = _to_numpy(value)
     if isinstance(value, np.ndarray):
-        if value.dtype.kind == "f":
-            text = np.array2string(np.round(value, 4) + 0.0, precision=4, suppress_small=True,
-                                   separator=", ", max_line_width=10_000)
-        else:
-            text = np.array2string(value, separator=", ", max_line_width=10_000)
-        text = " ".join(text.split())
+        if value.dtype.kind in "fc":
+            value = np.round(value, 4) + 0.0  # + 0.0 turns -0.0 into 0.0
+        text = repr(value.tolist())
     elif isinstance(value, (float, np.floating)):
         text = f"{float(value):.4g}"
-    elif isinstance(value, tuple):
-        text = "(" + ", ".join(show(v, limit) for v in value) + ("," if len(value) == 1 else "") + ")"
     elif isinstance(value, dict):
         text = "{" + ", ".join(f"{k!r}: {show(v, limit)}" for k, v in value.items()) + "}"
     else:

@@ -1,0 +1,119 @@
+"""The checker framework behind every exercise (minitransformer.exercises)."""
+
+import numpy as np
+import pytest
+import torch
+
+from minitransformer.exercises import Checker, Verdict, difference, show
+
+
+def _double(x):
+    return 2 * np.asarray(x, dtype=float)
+
+
+def _square(m):
+    return np.asarray(m, dtype=float) @ np.asarray(m, dtype=float)
+
+
+CHECK_DOUBLE = Checker(_double, cases=[([1, 2],), ([0.5, -1, 3],)])
+
+
+def test_accepts_the_reference_and_says_how_many_checks(capsys):
+    verdict = CHECK_DOUBLE(_double)
+    assert capsys.readouterr().out == "✓ all 2 checks passed\n"
+    assert verdict and verdict == True  # noqa: E712  (a Verdict compares equal to the bool)
+    assert verdict.passed is True
+
+
+def test_accepts_an_equivalent_torch_answer(capsys):
+    assert CHECK_DOUBLE(lambda x: torch.tensor(x, dtype=torch.float32) * 2)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_stub_is_reported_as_not_implemented(capsys):
+    def stub(x):
+        raise NotImplementedError
+
+    verdict = CHECK_DOUBLE(stub)
+    assert capsys.readouterr().out == "✗ not implemented yet\n"
+    assert not verdict and verdict == False  # noqa: E712
+
+
+def test_wrong_values_name_the_case_input_and_both_answers(capsys):
+    assert not CHECK_DOUBLE(lambda x: np.asarray(x, dtype=float) + 2)
+    assert capsys.readouterr().out == "✗ case 1: for input ([1, 2],) expected [2.0, 4.0] but got [3.0, 4.0]\n"
+
+
+def test_wrong_shape_dtype_and_none_are_explained(capsys):
+    CHECK_DOUBLE(lambda x: _double(x)[None, :])
+    assert "(expected shape (2,) but got shape (1, 2))" in capsys.readouterr().out
+    CHECK_DOUBLE(lambda x: 2 * np.asarray(x, dtype=int))
+    assert "(expected float values but got integer values (int64))" in capsys.readouterr().out
+    CHECK_DOUBLE(lambda x: None)
+    assert "did you forget to return the result?" in capsys.readouterr().out
+
+
+def test_an_exception_in_the_learners_code_is_reported_not_raised(capsys):
+    verdict = CHECK_DOUBLE(lambda x: x.shape)
+    assert not verdict
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input ([1, 2],) your function raised AttributeError: "
+        "'list' object has no attribute 'shape'\n")
+
+
+def test_a_matching_known_mistake_adds_its_hint(capsys):
+    check = Checker(_square, cases=[(np.array([[1.0, 2.0], [3.0, 4.0]]),)],
+                    mistakes={"did you multiply element-wise (*) instead of with @?": lambda m: m * m})
+    check(lambda m: m * m)
+    assert capsys.readouterr().out.endswith("Hint: did you multiply element-wise (*) instead of with @?\n")
+    check(lambda m: m + 1)
+    assert "Hint" not in capsys.readouterr().out
+
+
+def test_inputs_are_copied_so_a_mutating_function_cannot_spoil_later_cases(capsys):
+    original = np.array([1.0, 2.0])
+    check = Checker(_double, cases=[(original,), (original,)])
+
+    def in_place(x):
+        x *= 2
+        return x
+
+    assert check(in_place)
+    assert original.tolist() == [1.0, 2.0]
+
+
+def test_scalars_strings_and_non_functions(capsys):
+    check = Checker(lambda a, b: float(np.dot(a, b)), cases=[([1, 3, -5], [4, -2, -1])])
+    assert check(lambda a, b: 3)
+    assert not check(lambda a, b: 4.0)
+    assert not check(lambda a, b: "3")
+    words = Checker(lambda s: s.split(), cases=[("find my files",)])
+    assert words(str.split)
+    assert not words(lambda s: s.split()[::-1])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "✗ case 1: for input ([1, 3, -5], [4, -2, -1]) expected 3 but got 4"
+    assert out[2] == "✗ case 1: for input ([1, 3, -5], [4, -2, -1]) expected 3 but got '3' (expected a number but got '3')"
+    assert not check(42)
+    assert capsys.readouterr().out == "✗ expected a function but got int\n"
+
+
+def test_verdict_shows_nothing_of_its_own_in_a_notebook():
+    verdict = Verdict(True, "✓ all 1 checks passed")
+    assert verdict._ipython_display_() is None
+    assert "passed=True" in repr(verdict)
+    assert {verdict: 1}[True] == 1
+
+
+def test_checker_needs_tuple_cases():
+    with pytest.raises(ValueError, match="at least one case"):
+        Checker(_double, cases=[])
+    with pytest.raises(TypeError, match="tuple of arguments"):
+        Checker(_double, cases=[[1, 2]])
+
+
+def test_show_and_difference_are_stable():
+    assert show(np.array([0.123456, -0.0])) == "[0.1235, 0.0]"
+    assert show(torch.tensor([[1, 2]])) == "[[1, 2]]"
+    assert show("x" * 500).endswith("…") and len(show("x" * 500)) == 160
+    assert difference(np.eye(2), np.eye(2) + 1e-9) is None
+    assert difference(np.eye(2), "eye") == "expected an array of numbers but got str"

@@ -114,6 +114,7 @@ def test_checker_needs_tuple_cases():
 def test_show_and_difference_are_stable():
     assert show(np.array([0.123456, -0.0])) == "[0.1235, 0.0]"
     assert show(torch.tensor([[1, 2]])) == "[[1, 2]]"
+    assert show(torch.tensor([12.3, -2.0])) == "[12.3, -2.0]"  # float32, shown without float noise
     assert show("x" * 500).endswith("…") and len(show("x" * 500)) == 160
     assert difference(np.eye(2), np.eye(2) + 1e-9) is None
     assert difference(np.eye(2), "eye") == "expected an array of numbers but got str"

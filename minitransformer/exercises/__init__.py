@@ -78,11 +78,13 @@ def show(value: Any, limit: int = 160) -> str:
         return text if len(text) <= limit else text[: limit - 1] + "…"
     value = _to_numpy(value)
     if isinstance(value, np.ndarray):
-        if value.dtype.kind in "fc":
-            value = np.round(value, 4) + 0.0  # + 0.0 turns -0.0 into 0.0
+        if value.dtype.kind == "f":  # float64 first, or float32 prints as 12.300000190734863
+            value = np.round(value.astype(np.float64), 4) + 0.0  # + 0.0 turns -0.0 into 0.0
         text = repr(value.tolist())
     elif isinstance(value, (float, np.floating)):
         text = f"{float(value):.4g}"
+    elif isinstance(value, (np.integer, np.bool_)):  # 28, not np.int64(28)
+        text = repr(value.item())
     elif isinstance(value, dict):
         text = "{" + ", ".join(f"{k!r}: {show(v, limit)}" for k, v in value.items()) + "}"
     else:
@@ -99,6 +101,7 @@ def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-
     Arrays and tensors must have the same shape and kind of number (integer vs float vs boolean)
     and equal values within the tolerances; other values must compare equal.
     """
+    got_type = type(got).__name__
     expected, got = _to_numpy(expected), _to_numpy(got)
     if isinstance(expected, np.ndarray):
         if got is None:
@@ -127,7 +130,7 @@ def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-
         try:
             same = bool(np.isclose(float(got), float(expected), atol=atol, rtol=rtol))
         except (TypeError, ValueError):
-            return f"expected a number but got {type(got).__name__}"
+            return f"expected a number but got {got_type}"
         return None if same else "values differ"
     try:
         same = bool(got == expected)

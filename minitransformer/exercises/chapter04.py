@@ -1,0 +1,172 @@
+"""Checkers for the exercises of chapter 4, *Attention as matrix multiplication*.
+
+Each ``check_<thing>`` is called with the learner's function and prints one line (see
+:mod:`minitransformer.exercises`):
+
+* :data:`check_attend` -- ``attend(masks, seen, recent)``: pull the most recent word's mask out of
+  the stacked masks with a one-hot vector, and apply it to the words seen so far.
+* :data:`check_feature_weights` -- ``feature_weights(present, absent, vocab_size)``: the weight row
+  and bias of a hand-set feature that fires for one combination of words.
+* :data:`check_feed_forward` -- ``feed_forward(x, w1, b1, w2, b2)``: feature creation, ReLU,
+  transition.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from minitransformer.exercises import Checker
+from minitransformer.markov import SkipModel
+from minitransformer.vocab import Vocabulary
+
+__all__ = ["check_attend", "check_feature_weights", "check_feed_forward"]
+
+_SENTENCES = ["Check the program log and find out whether it ran please.",
+              "Check the battery log and find out whether it ran down please."]
+_VOCAB = Vocabulary.from_sentences(_SENTENCES)
+_N = len(_VOCAB)
+
+
+def _multi_hot(words: list[str], vocab: Vocabulary = _VOCAB) -> Tensor:
+    vector = torch.zeros(len(vocab))
+    vector[vocab.encode(words)] = 1.0
+    return vector
+
+
+def _random_cases(seed: int, count: int, n: int) -> list[tuple]:
+    generator = torch.Generator().manual_seed(seed)
+    cases = []
+    for _ in range(count):
+        masks = (torch.rand(n, n, generator=generator) < 0.5).float()
+        seen = (torch.rand(n, generator=generator) < 0.6).float()
+        recent = int(torch.randint(n, (1,), generator=generator))
+        cases.append((masks, seen, recent))
+    return cases
+
+
+# --- attend(masks, seen, recent) -> (N,) float tensor ---------------------------------------
+
+def _chapter_masks() -> Tensor:
+    masks = torch.zeros(_N, _N)
+    masks[_VOCAB.index("ran"), _VOCAB.encode(["battery", "program", "ran"])] = 1.0
+    return masks
+
+
+def _attend(masks: Tensor, seen: Tensor, recent: int) -> Tensor:
+    query = torch.zeros(masks.shape[0], dtype=masks.dtype)
+    query[recent] = 1.0
+    return seen * (query @ masks)
+
+
+check_attend = Checker(
+    reference=_attend,
+    cases=[
+        (_chapter_masks(), _multi_hot(["check", "the", "battery", "log", "and", "find", "out",
+                                       "whether", "it", "ran"]), _VOCAB.index("ran")),
+        (_chapter_masks(), _multi_hot(["check", "the", "program", "log", "and", "find", "out",
+                                       "whether", "it", "ran"]), _VOCAB.index("ran")),
+        *_random_cases(seed=4, count=3, n=5),
+    ],
+    mistakes={
+        "that is the whole mask: multiply it element by element with the words seen so far":
+            lambda masks, seen, recent: masks[recent].clone(),
+        "you pulled out a column; the one-hot vector of the most recent word multiplies the mask "
+        "matrix from the left (one_hot @ masks), which picks a row":
+            lambda masks, seen, recent: seen * masks[:, recent],
+        "a mask is applied by multiplying, not by adding":
+            lambda masks, seen, recent: seen + masks[recent],
+    },
+)
+
+
+# --- feature_weights(present, absent, vocab_size) -> (vocab_size + 1,) float tensor ---------
+
+def _feature_weights(present: list[int], absent: list[int], vocab_size: int) -> Tensor:
+    row = torch.zeros(vocab_size + 1)
+    row[present] = 1.0
+    row[absent] = -1.0
+    row[-1] = 1.0 - len(present)
+    return row
+
+
+def _bias_minus_count(present, absent, vocab_size):
+    row = _feature_weights(present, absent, vocab_size)
+    row[-1] = -float(len(present))
+    return row
+
+
+def _absent_ignored(present, absent, vocab_size):
+    row = _feature_weights(present, absent, vocab_size)
+    row[absent] = 0.0
+    return row
+
+
+def _no_bias(present, absent, vocab_size):
+    row = _feature_weights(present, absent, vocab_size)
+    row[-1] = 0.0
+    return row
+
+
+check_feature_weights = Checker(
+    reference=_feature_weights,
+    cases=[
+        ([_VOCAB.index("battery"), _VOCAB.index("ran")], [_VOCAB.index("program")], _N),
+        ([_VOCAB.index("program"), _VOCAB.index("ran")], [_VOCAB.index("battery")], _N),
+        ([0, 2, 3], [], 5),
+        ([4], [1, 2], 6),
+    ],
+    mistakes={
+        "with a bias of minus the number of present words, the feature adds up to 0 even when "
+        "every word is there; the bias is 1 - (number of present words)": _bias_minus_count,
+        "a word that must be absent needs weight -1, so that its presence pulls the sum below 1":
+            _absent_ignored,
+        "the last entry is the bias: 1 - (number of present words)": _no_bias,
+    },
+)
+
+
+# --- feed_forward(x, w1, b1, w2, b2) -> (..., d_model) float tensor -------------------------
+
+def _feed_forward(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+    return torch.relu(x @ w1 + b1) @ w2 + b2
+
+
+def _chapter_weights() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    battery, program, ran = _VOCAB.encode(["battery", "program", "ran"])
+    w1 = torch.zeros(_N, 2)
+    w1[[battery, program, ran], 0] = torch.tensor([1.0, -1.0, 1.0])
+    w1[[battery, program, ran], 1] = torch.tensor([-1.0, 1.0, 1.0])
+    b1 = torch.tensor([-1.0, -1.0])
+    model = SkipModel(_SENTENCES, _VOCAB)
+    rows = [model.feature_index("battery", "ran"), model.feature_index("program", "ran")]
+    w2 = torch.tensor(model.table[rows], dtype=torch.float32)  # (2, N)
+    return w1, b1, w2, torch.zeros(_N)
+
+
+def _random_weights(seed: int, d_model: int, d_ff: int, batch: tuple[int, ...]) -> tuple:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(*batch, d_model, generator=generator)
+    return (x, torch.randn(d_model, d_ff, generator=generator), torch.randn(d_ff, generator=generator),
+            torch.randn(d_ff, d_model, generator=generator), torch.randn(d_model, generator=generator))
+
+
+check_feed_forward = Checker(
+    reference=_feed_forward,
+    cases=[
+        (_multi_hot(["battery", "ran"]), *_chapter_weights()),
+        (_multi_hot(["program", "ran"]), *_chapter_weights()),
+        _random_weights(seed=0, d_model=4, d_ff=4, batch=(3,)),
+        _random_weights(seed=1, d_model=3, d_ff=6, batch=(2, 5)),
+    ],
+    mistakes={
+        "without the ReLU, negative features leak through: apply torch.relu to x @ w1 + b1":
+            lambda x, w1, b1, w2, b2: (x @ w1 + b1) @ w2 + b2,
+        "the ReLU belongs between the two layers, not after the second one":
+            lambda x, w1, b1, w2, b2: torch.relu((x @ w1 + b1) @ w2 + b2),
+        "you used w1.T: with x of shape (..., d_model), x @ w1 needs w1 of shape (d_model, d_ff)":
+            lambda x, w1, b1, w2, b2: torch.relu(x @ w1.T + b1) @ w2 + b2,
+        "a bias is missing: the features are relu(x @ w1 + b1), the output adds b2":
+            lambda x, w1, b1, w2, b2: torch.relu(x @ w1) @ w2 + b2,
+    },
+)

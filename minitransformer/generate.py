@@ -1,0 +1,68 @@
+"""Choosing the next word from the model's scores: greedy, temperature and top-k (chapter 5)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from minitransformer.attention import softmax
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Pick one token id from each row of scores.
+
+    The scores are divided by ``temperature`` and turned into probabilities with softmax; one id
+    is then drawn from them. A low temperature sharpens the distribution towards the best word, a
+    high one flattens it; ``temperature=0`` skips the draw and takes the best word (greedy
+    decoding). ``top_k`` first throws away every word but the ``k`` best.
+
+    Args:
+        logits: float tensor of shape ``(..., V)``, one score per vocabulary word.
+        temperature: ``0`` (greedy) or a positive number.
+        top_k: keep only the ``k`` highest-scoring words, ``1 <= k <= V``; ``None`` keeps all.
+        generator: a seeded ``torch.Generator`` on the logits' device, for repeatable draws.
+
+    Returns:
+        long tensor of shape ``(...)``: the chosen ids, on the logits' device.
+
+    Raises:
+        TypeError: ``logits`` is not a floating-point tensor with at least one dimension.
+        ValueError: a negative or non-finite temperature, a ``top_k`` outside ``[1, V]``, or
+            scores holding NaN or ``+inf``, or all ``-inf`` in a row.
+    """
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() == 0:
+        raise TypeError("sample_next expects a floating-point tensor of shape (..., V), got "
+                        + (f"{logits.dtype} of shape {tuple(logits.shape)}"
+                           if isinstance(logits, Tensor) else type(logits).__name__))
+    vocab_size = logits.shape[-1]
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be 0 (greedy) or a positive number, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or not 1 <= top_k <= vocab_size):
+        raise ValueError(f"top_k must be an integer between 1 and the vocabulary size {vocab_size}, "
+                         f"got {top_k!r}")
+    if vocab_size == 0:
+        raise ValueError(f"logits have an empty vocabulary dimension, shape {tuple(logits.shape)}")
+    if temperature == 0:
+        softmax(logits)  # the same checks on the scores (NaN, +inf, all -inf) as when sampling
+        return logits.argmax(dim=-1)
+    scores = logits / temperature
+    if top_k is not None:
+        best = scores.topk(top_k, dim=-1).indices  # (..., k)
+        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, best, True)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    probs = softmax(scores, dim=-1)
+    flat = probs.reshape(-1, vocab_size)  # (rows, V)
+    if flat.shape[0] == 0:
+        return torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    ids = torch.multinomial(flat, num_samples=1, generator=generator)  # (rows, 1)
+    return ids.reshape(logits.shape[:-1])

@@ -1,0 +1,62 @@
+"""Where a word sits in the sentence: sinusoidal positional encodings (chapter 5)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def _int_at_least(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+    return value
+
+
+def sinusoidal_positional_encoding(
+    num_positions: int, d_model: int, *, base: float = 10000.0, offset: int = 0
+) -> Tensor:
+    """The fixed position vectors of Vaswani et al. (2017), section 3.5.
+
+    For position ``pos`` and column pair ``i``::
+
+        PE[pos, 2i]     = sin(pos / base ** (2i / d_model))
+        PE[pos, 2i + 1] = cos(pos / base ** (2i / d_model))
+
+    Each pair of columns turns round a circle at its own speed: fast in the first columns, slower
+    and slower further right.
+
+    Args:
+        num_positions: how many positions (rows) to encode; 0 gives an empty ``(0, d_model)``.
+        d_model: the vector size; must be even, as columns come in sin/cos pairs.
+        base: the wavelength scale (10000 in the paper).
+        offset: the first position encoded; rows are positions ``offset`` to
+            ``offset + num_positions - 1`` (a generator with a cache encodes one new position at a
+            time).
+
+    Returns:
+        float tensor of shape ``(num_positions, d_model)`` in the default dtype, on the CPU
+        (move it with ``.to(x)``).
+
+    Raises:
+        ValueError: a negative count or offset, an odd or non-positive ``d_model``, or a base that
+            is not a positive finite number.
+    """
+    _int_at_least("num_positions", num_positions, 0)
+    _int_at_least("d_model", d_model, 1)
+    _int_at_least("offset", offset, 0)
+    if d_model % 2:
+        raise ValueError(f"d_model must be even (sin and cos columns come in pairs), got {d_model}")
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
+        raise ValueError(f"base must be a positive finite number, got {base!r}")
+    # Angles in float64: positions in the thousands lose digits in float32 before the sine.
+    positions = torch.arange(offset, offset + num_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
+    angles = positions / base ** (two_i / d_model)  # (P, d_model/2)
+    encoding = torch.empty(num_positions, d_model, dtype=torch.float64)
+    encoding[:, 0::2] = torch.sin(angles)
+    encoding[:, 1::2] = torch.cos(angles)
+    return encoding.to(torch.get_default_dtype())

@@ -1,0 +1,109 @@
+"""The checkers of chapter 4: they accept correct answers and explain the plausible wrong ones."""
+
+import pytest
+import torch
+
+from minitransformer.exercises.chapter04 import check_attend, check_feature_weights, check_feed_forward
+
+# --- correct solutions, written the way the book's solutions are ---------------------------
+
+
+def attend(masks, seen, recent):
+    query = torch.zeros(masks.shape[0])
+    query[recent] = 1.0
+    return seen * (query @ masks)
+
+
+def feature_weights(present, absent, vocab_size):
+    row = torch.zeros(vocab_size + 1)
+    for i in present:
+        row[i] = 1.0
+    for i in absent:
+        row[i] = -1.0
+    row[vocab_size] = 1 - len(present)
+    return row
+
+
+def feed_forward(x, w1, b1, w2, b2):
+    hidden = torch.relu(x @ w1 + b1)
+    return hidden @ w2 + b2
+
+
+CHECKERS = {
+    "attend": (check_attend, attend),
+    "feature_weights": (check_feature_weights, feature_weights),
+    "feed_forward": (check_feed_forward, feed_forward),
+}
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_accepts_a_correct_solution(name, capsys):
+    checker, solution = CHECKERS[name]
+    assert checker(solution)
+    assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_reports_a_stub_as_not_implemented(name, capsys):
+    checker, _ = CHECKERS[name]
+
+    def stub(*args):
+        raise NotImplementedError
+
+    assert not checker(stub)
+    assert capsys.readouterr().out == "✗ not implemented yet\n"
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_a_crashing_function_is_reported_not_raised(name, capsys):
+    checker, _ = CHECKERS[name]
+    assert not checker(lambda *args: 1 / 0)
+    assert capsys.readouterr().out.startswith("✗ case 1: for input (")
+
+
+def test_crash_message_names_the_exception(capsys):
+    check_attend(lambda *args: 1 / 0)
+    assert "your function raised ZeroDivisionError: division by zero" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda masks, seen, recent: masks[recent].clone(), "multiply it element by element"),
+    (lambda masks, seen, recent: seen * masks[:, recent], "you pulled out a column"),
+    (lambda masks, seen, recent: seen + masks[recent], "applied by multiplying, not by adding"),
+])
+def test_attend_hints(wrong, hint, capsys):
+    assert not check_attend(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case ") and hint in out.split("Hint: ", 1)[1]
+
+
+def test_feature_weights_hints(capsys):
+    def bias_minus_count(present, absent, vocab_size):
+        row = feature_weights(present, absent, vocab_size)
+        row[-1] = -len(present)
+        return row
+
+    def absent_ignored(present, absent, vocab_size):
+        row = feature_weights(present, absent, vocab_size)
+        row[absent] = 0.0
+        return row
+
+    assert not check_feature_weights(bias_minus_count)
+    assert "Hint: with a bias of minus the number of present words" in capsys.readouterr().out
+    assert not check_feature_weights(absent_ignored)
+    assert "Hint: a word that must be absent needs weight -1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda x, w1, b1, w2, b2: (x @ w1 + b1) @ w2 + b2, "without the ReLU"),
+    (lambda x, w1, b1, w2, b2: torch.relu((x @ w1 + b1) @ w2 + b2), "belongs between the two layers"),
+    (lambda x, w1, b1, w2, b2: torch.relu(x @ w1) @ w2 + b2, "a bias is missing"),
+])
+def test_feed_forward_hints(wrong, hint, capsys):
+    assert not check_feed_forward(wrong)
+    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+def test_feed_forward_transposed_weights_are_reported(capsys):
+    assert not check_feed_forward(lambda x, w1, b1, w2, b2: torch.relu(x @ w1.T + b1) @ w2 + b2)
+    assert "raised RuntimeError" in capsys.readouterr().out

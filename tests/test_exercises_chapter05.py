@@ -1,0 +1,108 @@
+"""The checkers of chapter 5: they accept correct answers and explain the plausible wrong ones."""
+
+import math
+
+import pytest
+import torch
+
+from minitransformer.exercises.chapter05 import (
+    check_apply_temperature,
+    check_positional_vector,
+    check_softmax,
+)
+
+# --- correct solutions, written the way the book's solutions are ---------------------------
+
+
+def softmax(scores):
+    exps = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)
+    return exps / exps.sum(dim=-1, keepdim=True)
+
+
+def positional_vector(pos, d_model):
+    vector = torch.zeros(d_model)
+    for i in range(d_model // 2):
+        angle = pos / 10000 ** (2 * i / d_model)
+        vector[2 * i] = math.sin(angle)
+        vector[2 * i + 1] = math.cos(angle)
+    return vector
+
+
+def apply_temperature(logits, temperature):
+    return softmax(logits / temperature)
+
+
+CHECKERS = {
+    "softmax": (check_softmax, softmax),
+    "positional_vector": (check_positional_vector, positional_vector),
+    "apply_temperature": (check_apply_temperature, apply_temperature),
+}
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_accepts_a_correct_solution(name, capsys):
+    checker, solution = CHECKERS[name]
+    assert checker(solution)
+    assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
+
+
+def test_accepts_torch_softmax_too(capsys):
+    assert check_softmax(lambda s: torch.softmax(s, dim=-1))
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_reports_a_stub_as_not_implemented(name, capsys):
+    checker, _ = CHECKERS[name]
+
+    def stub(*args):
+        raise NotImplementedError
+
+    assert not checker(stub)
+    assert capsys.readouterr().out == "✗ not implemented yet\n"
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_a_crashing_function_is_reported_not_raised(name, capsys):
+    checker, _ = CHECKERS[name]
+    assert not checker(lambda *args: [][1])
+    assert "your function raised IndexError" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda s: torch.exp(s) / torch.exp(s).sum(dim=-1, keepdim=True), "exp of a large score overflows"),
+    (lambda s: s / s.sum(dim=-1, keepdim=True), "softmax takes exp of the scores"),
+    (lambda s: torch.exp(s - s.max(dim=-1, keepdim=True).values), "divided by their sum"),
+    (lambda s: torch.softmax(s, dim=0), "you normalised down the columns"),
+])
+def test_softmax_hints(wrong, hint, capsys):
+    assert not check_softmax(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case ") and hint in out.split("Hint: ", 1)[1]
+
+
+def _pe_with(first, second, exponent):
+    def wrong(pos, d_model):
+        return torch.tensor([(first if c % 2 == 0 else second)(pos / 10000 ** exponent(c, d_model))
+                             for c in range(d_model)])
+    return wrong
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_pe_with(math.cos, math.sin, lambda c, d: 2 * (c // 2) / d), "sin and cos are swapped"),
+    (_pe_with(math.sin, math.cos, lambda c, d: (c // 2) / d), "you used the pair number i alone"),
+    (_pe_with(math.sin, math.cos, lambda c, d: c / d), "you used the column number"),
+])
+def test_positional_vector_hints(wrong, hint, capsys):
+    assert not check_positional_vector(wrong)
+    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda logits, t: softmax(logits * t), "you multiplied by the temperature"),
+    (lambda logits, t: softmax(logits) / t, "not the probabilities after it"),
+    (lambda logits, t: softmax(logits), "the temperature was ignored"),
+])
+def test_apply_temperature_hints(wrong, hint, capsys):
+    assert not check_apply_temperature(wrong)
+    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]

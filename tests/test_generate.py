@@ -1,0 +1,104 @@
+"""sample_next (minitransformer.generate): greedy, temperature and top-k choice, chapter 5."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minitransformer import sample_next
+
+FRANCE = torch.tensor([12.3, 4.8, 3.1, -2.0])  # Paris, London, city, banana
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [5.0, 4.0, 4.5]])
+    got = sample_next(logits, temperature=0)
+    assert got.dtype == torch.long and got.tolist() == [1, 0]
+    assert sample_next(FRANCE, temperature=0).item() == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=0, max_size=2), st.integers(1, 30), st.integers(0, 2**31 - 1))
+def test_greedy_equals_argmax_for_any_batch_shape(batch, vocab, seed):
+    logits = torch.randn(*batch, vocab, generator=torch.Generator().manual_seed(seed))
+    got = sample_next(logits, temperature=0.0)
+    assert got.shape == tuple(batch)
+    assert torch.equal(got, logits.argmax(dim=-1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 30), st.integers(0, 2**31 - 1), st.data())
+def test_top_k_never_returns_a_word_outside_the_top_k(vocab, seed, data):
+    k = data.draw(st.integers(1, vocab))
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(64, vocab, generator=generator)
+    ids = sample_next(logits, temperature=10.0, top_k=k, generator=generator)
+    allowed = logits.topk(k, dim=-1).indices
+    assert (ids[:, None] == allowed).any(dim=-1).all()
+
+
+def test_top_k_1_is_greedy():
+    logits = torch.randn(50, 7, generator=torch.Generator().manual_seed(3))
+    ids = sample_next(logits, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ids, logits.argmax(dim=-1))
+
+
+def test_same_seed_same_samples_different_seed_different_samples():
+    logits = torch.zeros(200, 10)
+    first = sample_next(logits, generator=torch.Generator().manual_seed(7))
+    again = sample_next(logits, generator=torch.Generator().manual_seed(7))
+    other = sample_next(logits, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+def test_samples_follow_the_softmax_probabilities():
+    generator = torch.Generator().manual_seed(0)
+    ids = sample_next(FRANCE.expand(20000, 4), temperature=5.0, generator=generator)
+    freq = torch.bincount(ids, minlength=4).float() / ids.numel()
+    expected = torch.softmax(FRANCE / 5.0, dim=-1)
+    torch.testing.assert_close(freq, expected, atol=0.015, rtol=0)
+
+
+def test_low_temperature_sharpens_high_temperature_flattens():
+    generator = torch.Generator().manual_seed(1)
+    cold = sample_next(FRANCE.expand(2000, 4), temperature=0.5, generator=generator)
+    hot = sample_next(FRANCE.expand(2000, 4), temperature=50.0, generator=generator)
+    assert (cold == 0).all()
+    assert len(set(hot.tolist())) == 4
+
+
+def test_minus_infinity_scores_are_never_chosen():
+    logits = torch.tensor([0.0, float("-inf"), 0.0, float("-inf")]).expand(500, 4)
+    ids = sample_next(logits, generator=torch.Generator().manual_seed(0))
+    assert set(ids.tolist()) == {0, 2}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-0.5), "temperature must be 0 .* got -0.5"),
+    (dict(temperature=float("nan")), "temperature must be 0 .* got nan"),
+    (dict(temperature=float("inf")), "temperature must be 0 .* got inf"),
+    (dict(top_k=0), "top_k must be an integer between 1 and the vocabulary size 4, got 0"),
+    (dict(top_k=5), "top_k must be an integer between 1 and the vocabulary size 4, got 5"),
+    (dict(top_k=2.0), "top_k must be an integer between 1 and the vocabulary size 4, got 2.0"),
+])
+def test_bad_arguments_are_value_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sample_next(FRANCE, **kwargs)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bad_scores_are_value_errors(temperature):
+    with pytest.raises(ValueError, match="NaN"):
+        sample_next(torch.tensor([0.0, float("nan")]), temperature=temperature)
+    with pytest.raises(ValueError, match="all -inf"):
+        sample_next(torch.full((2, 3), float("-inf")), temperature=temperature)
+
+
+def test_non_float_logits_are_type_errors():
+    with pytest.raises(TypeError, match=r"torch.int64 of shape \(3,\)"):
+        sample_next(torch.tensor([1, 2, 3]))
+    with pytest.raises(TypeError, match=r"of shape \(\)"):
+        sample_next(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="got list"):
+        sample_next([1.0, 2.0])

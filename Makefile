@@ -31,9 +31,12 @@ lab: $(STAMP)
 # Fresh kernel per notebook, timing metadata off: an unchanged notebook stays byte-identical.
 # NB=book/01_one_hot_and_dot_products.ipynb re-executes a single chapter.
 NB ?= $(sort $(wildcard book/*.ipynb))
+# The second pass merges stream outputs the kernel happened to send in several chunks, which would
+# otherwise make the stored file differ from run to run while showing the same text.
 execute: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 		--ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=900 $(NB)
+	$(BIN)/jupyter nbconvert --to notebook --inplace --CoalesceStreamsPreprocessor.enabled=True $(NB)
 
 clean:
 	rm -rf _build .pytest_cache

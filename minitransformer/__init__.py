@@ -4,16 +4,42 @@ Each module holds one idea of the book and names the chapter that explains it. E
 chapter uses is re-exported here, so a chapter writes ``from minitransformer import one_hot``.
 """
 
-from minitransformer.attention import softmax
+from minitransformer.attention import MultiHeadAttention, scaled_dot_product_attention, softmax
 from minitransformer.device import default_device
-from minitransformer.plot import heatmap
+from minitransformer.generate import sample_next
+from minitransformer.layers import FeedForward
+from minitransformer.markov import SkipModel, sample, second_order_matrix, transition_matrix
+from minitransformer.masks import causal_mask, padding_mask
+from minitransformer.plot import (
+    chain_graph,
+    embedding_scatter,
+    heatmap,
+    positional_encoding_heatmap,
+    probability_bars,
+)
+from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.vocab import Vocabulary, one_hot, tokenize
 
 __all__ = [
+    "FeedForward",
+    "MultiHeadAttention",
+    "SkipModel",
     "Vocabulary",
+    "causal_mask",
+    "chain_graph",
     "default_device",
+    "embedding_scatter",
     "heatmap",
     "one_hot",
+    "padding_mask",
+    "positional_encoding_heatmap",
+    "probability_bars",
+    "sample",
+    "sample_next",
+    "scaled_dot_product_attention",
+    "second_order_matrix",
+    "sinusoidal_positional_encoding",
     "softmax",
     "tokenize",
+    "transition_matrix",
 ]

@@ -1,0 +1,63 @@
+"""Every exercise checker in the book keeps the same promises (minitransformer.exercises).
+
+The chapter test files check each checker's own cases and hints; this file discovers every
+checker of every chapter and checks what all of them must do: accept their reference solution,
+report a stub as not implemented, and report a crash or a missing return without raising.
+"""
+
+import importlib
+import pkgutil
+
+import pytest
+
+import minitransformer.exercises as exercises
+from minitransformer.exercises import Checker
+
+
+def _all_checkers() -> dict[str, Checker]:
+    found = {}
+    for module_info in pkgutil.iter_modules(exercises.__path__):
+        module = importlib.import_module(f"{exercises.__name__}.{module_info.name}")
+        for name, value in vars(module).items():
+            if isinstance(value, Checker):
+                found[f"{module_info.name}.{name}"] = value
+    return found
+
+
+CHECKERS = _all_checkers()
+
+
+def test_every_chapter_with_exercises_has_checkers():
+    chapters = {name.split(".")[0] for name in CHECKERS}
+    assert {"chapter01", "chapter02", "chapter03", "chapter04", "chapter05"} <= chapters
+    assert all(name.split(".")[1].startswith("check_") for name in CHECKERS)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_accepts_its_reference(name, capsys):
+    checker = CHECKERS[name]
+    assert checker(checker.reference)
+    assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_reports_a_stub_as_not_implemented(name, capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    assert not CHECKERS[name](stub)
+    assert capsys.readouterr().out == "✗ not implemented yet\n"
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_reports_a_crash_without_raising(name, capsys):
+    assert not CHECKERS[name](lambda *args: 1 / 0)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input ")
+    assert out.endswith("your function raised ZeroDivisionError: division by zero\n")
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_reports_a_missing_return(name, capsys):
+    assert not CHECKERS[name](lambda *args: None)
+    assert capsys.readouterr().out.startswith("✗ case 1:")

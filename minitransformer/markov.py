@@ -5,11 +5,15 @@ Everything here is numpy: the tables are small enough to read cell by cell. Rows
 by the index scheme of :class:`~minitransformer.vocab.Vocabulary`: the word with index ``i`` owns
 row ``i`` of a first-order table, and the pair (earlier word ``a``, most recent word ``b``) owns
 row ``a * N + b`` of a second-order table.
+
+All three tables are estimated the same way (``_estimate``): walk every sentence, and at each
+step add the sentence's share of the traffic to the cell (context row, next word); then divide each
+row by its total. The models differ only in what the context row of a step is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -55,8 +59,41 @@ def _corpus(sentences, vocab, weights) -> tuple[list[list[int]], np.ndarray]:
     return ids, shares / shares.sum()
 
 
-def _normalize_rows(counts: np.ndarray) -> np.ndarray:
-    """Divide each row by its total; a row that saw nothing stays all zeros."""
+def _pair_row(earlier: int, recent: int, n: int) -> int:
+    """The row of the word pair (``earlier``, ``recent``) in a table with N * N rows."""
+    return earlier * n + recent
+
+
+# A model's steps: for one sentence (token ids) and the vocabulary size N, yield
+# (context row, id of the next word) for every place where the model makes a prediction.
+_Steps = Callable[[list[int], int], Iterator[tuple[int, int]]]
+
+
+def _first_order_steps(ids: list[int], n: int) -> Iterator[tuple[int, int]]:
+    for current, following in zip(ids, ids[1:]):
+        yield current, following
+
+
+def _second_order_steps(ids: list[int], n: int) -> Iterator[tuple[int, int]]:
+    for earlier, recent, following in zip(ids, ids[1:], ids[2:]):
+        yield _pair_row(earlier, recent, n), following
+
+
+def _skip_steps(ids: list[int], n: int) -> Iterator[tuple[int, int]]:
+    for t in range(1, len(ids) - 1):
+        for earlier in set(ids[:t]):  # each distinct earlier word once
+            yield _pair_row(earlier, ids[t], n), ids[t + 1]
+
+
+def _estimate(sentences, vocab, weights, steps: _Steps, context_words: int) -> np.ndarray:
+    """Count each (context row, next word) step weighted by its sentence's share, then make each
+    row a distribution. Returns shape ``(N ** context_words, N)``; a row never seen stays zeros."""
+    ids, shares = _corpus(sentences, vocab, weights)
+    n = len(vocab)
+    counts = np.zeros((n ** context_words, n))
+    for sentence, share in zip(ids, shares):
+        for row, following in steps(sentence, n):
+            counts[row, following] += share
     totals = counts.sum(axis=1, keepdims=True)
     return np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
 
@@ -76,13 +113,7 @@ def transition_matrix(sentences: Sequence[str | Sequence[str]], vocab: Vocabular
         word that is followed by something sums to 1; the row of a word never followed by
         anything (here: the last word of every sentence) is all zeros.
     """
-    ids, shares = _corpus(sentences, vocab, weights)
-    n = len(vocab)
-    counts = np.zeros((n, n))
-    for sentence, share in zip(ids, shares):
-        for current, following in zip(sentence, sentence[1:]):
-            counts[current, following] += share
-    return _normalize_rows(counts)
+    return _estimate(sentences, vocab, weights, _first_order_steps, context_words=1)
 
 
 def second_order_matrix(sentences: Sequence[str | Sequence[str]], vocab: Vocabulary,
@@ -96,13 +127,7 @@ def second_order_matrix(sentences: Sequence[str | Sequence[str]], vocab: Vocabul
         word ``b``) is ``a * N + b``; it sums to 1 when the pair is followed by something in the
         corpus and is all zeros otherwise.
     """
-    ids, shares = _corpus(sentences, vocab, weights)
-    n = len(vocab)
-    counts = np.zeros((n * n, n))
-    for sentence, share in zip(ids, shares):
-        for earlier, recent, following in zip(sentence, sentence[1:], sentence[2:]):
-            counts[earlier * n + recent, following] += share
-    return _normalize_rows(counts)
+    return _estimate(sentences, vocab, weights, _second_order_steps, context_words=2)
 
 
 class SkipModel:
@@ -123,16 +148,8 @@ class SkipModel:
 
     def __init__(self, sentences: Sequence[str | Sequence[str]], vocab: Vocabulary,
                  weights: Sequence[float] | None = None):
-        ids, shares = _corpus(sentences, vocab, weights)
+        self.table = _estimate(sentences, vocab, weights, _skip_steps, context_words=2)
         self.vocab = vocab
-        n = len(vocab)
-        counts = np.zeros((n * n, n))
-        for sentence, share in zip(ids, shares):
-            for t in range(1, len(sentence) - 1):
-                recent, following = sentence[t], sentence[t + 1]
-                for earlier in set(sentence[:t]):
-                    counts[earlier * n + recent, following] += share
-        self.table = _normalize_rows(counts)
 
     def __repr__(self) -> str:
         n = len(self.vocab)
@@ -141,7 +158,7 @@ class SkipModel:
     def feature_index(self, earlier: str, recent: str) -> int:
         """The row of the feature (``earlier`` seen before, ``recent`` most recent): ``w * N + r``."""
         w, r = _word_ids([earlier, recent], self.vocab, "the feature")
-        return w * len(self.vocab) + r
+        return _pair_row(w, r, len(self.vocab))
 
     def features(self, prefix: str | Sequence[str]) -> np.ndarray:
         """The active features of a prefix: each distinct earlier word paired with the last word.
@@ -161,7 +178,7 @@ class SkipModel:
         active = np.zeros(n * n)
         recent = ids[-1]
         for earlier in set(ids[:-1]):
-            active[earlier * n + recent] = 1.0
+            active[_pair_row(earlier, recent, n)] = 1.0
         return active
 
     def votes(self, prefix: str | Sequence[str], mask: np.ndarray | None = None) -> np.ndarray:

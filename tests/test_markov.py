@@ -203,6 +203,15 @@ def test_votes_are_sums_of_table_rows_and_a_mask_of_ones_changes_nothing(sentenc
     np.testing.assert_allclose(model.votes(prefix, mask), model.table[kept].sum(axis=0))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=3), min_size=1, max_size=5))
+def test_without_room_to_skip_the_skip_model_is_the_second_order_model(sentences):
+    # in sentences of at most three words the only earlier word is the one right before
+    vocab = Vocabulary(WORDS)
+    np.testing.assert_allclose(SkipModel(sentences, vocab).table,
+                               second_order_matrix(sentences, vocab))
+
+
 @settings(max_examples=40, deadline=None)
 @given(corpora, st.integers(0, 2**32 - 1))
 def test_samples_only_take_transitions_the_corpus_has(sentences, seed):

@@ -1,4 +1,8 @@
-"""Choosing the next word from the model's scores: greedy, temperature and top-k (chapter 5)."""
+"""Choosing the next word from the model's scores: greedy, temperature and top-k (chapter 5).
+
+Chapter 5 introduces :func:`sample_next`; the generation loops of later chapters call it once per
+new token.
+"""
 
 from __future__ import annotations
 
@@ -52,10 +56,11 @@ def sample_next(
                          f"got {top_k!r}")
     if vocab_size == 0:
         raise ValueError(f"logits have an empty vocabulary dimension, shape {tuple(logits.shape)}")
+    softmax(logits)  # checks the scores: no NaN or +inf, and no row that is all -inf
     if temperature == 0:
-        softmax(logits)  # the same checks on the scores (NaN, +inf, all -inf) as when sampling
         return logits.argmax(dim=-1)
-    scores = logits / temperature
+    # Shift each row's best score to 0 first: dividing by a tiny temperature then cannot overflow.
+    scores = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # (..., V)
     if top_k is not None:
         best = scores.topk(top_k, dim=-1).indices  # (..., k)
         keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, best, True)

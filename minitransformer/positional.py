@@ -1,4 +1,8 @@
-"""Where a word sits in the sentence: sinusoidal positional encodings (chapter 5)."""
+"""Where a word sits in the sentence: sinusoidal positional encodings (chapter 5).
+
+Chapter 5 adds them to the word embeddings; the ``offset`` argument serves a generator that
+encodes one new position at a time.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,13 @@ def _int_at_least(name: str, value: object, low: int) -> int:
 
 
 def sinusoidal_positional_encoding(
-    num_positions: int, d_model: int, *, base: float = 10000.0, offset: int = 0
+    num_positions: int,
+    d_model: int,
+    *,
+    base: float = 10000.0,
+    offset: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
     """The fixed position vectors of Vaswani et al. (2017), section 3.5.
 
@@ -36,14 +46,18 @@ def sinusoidal_positional_encoding(
         offset: the first position encoded; rows are positions ``offset`` to
             ``offset + num_positions - 1`` (a generator with a cache encodes one new position at a
             time).
+        device: where the table should live, usually ``x.device`` of the embeddings it is added
+            to (default: the CPU).
+        dtype: a floating-point dtype, usually ``x.dtype`` (default: ``torch.get_default_dtype()``).
 
     Returns:
-        float tensor of shape ``(num_positions, d_model)`` in the default dtype, on the CPU
-        (move it with ``.to(x)``).
+        float tensor of shape ``(num_positions, d_model)`` on ``device`` in ``dtype``; the values
+        are the same on every device.
 
     Raises:
         ValueError: a negative count or offset, an odd or non-positive ``d_model``, or a base that
             is not a positive finite number.
+        TypeError: ``dtype`` is not a floating-point dtype.
     """
     _int_at_least("num_positions", num_positions, 0)
     _int_at_least("d_model", d_model, 1)
@@ -52,11 +66,16 @@ def sinusoidal_positional_encoding(
         raise ValueError(f"d_model must be even (sin and cos columns come in pairs), got {d_model}")
     if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
         raise ValueError(f"base must be a positive finite number, got {base!r}")
-    # Angles in float64: positions in the thousands lose digits in float32 before the sine.
+    if dtype is None:
+        dtype = torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    # Angles in float64 on the CPU: positions in the thousands lose digits in float32 before the
+    # sine, and every device then receives the same numbers.
     positions = torch.arange(offset, offset + num_positions, dtype=torch.float64)[:, None]  # (P, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
     angles = positions / base ** (two_i / d_model)  # (P, d_model/2)
     encoding = torch.empty(num_positions, d_model, dtype=torch.float64)
     encoding[:, 0::2] = torch.sin(angles)
     encoding[:, 1::2] = torch.cos(angles)
-    return encoding.to(torch.get_default_dtype())
+    return encoding.to(device=device, dtype=dtype)

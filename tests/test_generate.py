@@ -102,3 +102,15 @@ def test_non_float_logits_are_type_errors():
         sample_next(torch.tensor(1.0))
     with pytest.raises(TypeError, match="got list"):
         sample_next([1.0, 2.0])
+
+
+def test_a_tiny_temperature_is_nearly_greedy_not_an_overflow():
+    logits = torch.tensor([[1.0, 3.0, 2.0], [50.0, -10.0, 49.0]])
+    ids = sample_next(logits, temperature=1e-37, generator=torch.Generator().manual_seed(0))
+    assert ids.tolist() == [1, 0]
+
+
+def test_stays_on_the_logits_device_and_accepts_float64():
+    logits = FRANCE.double()
+    ids = sample_next(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert ids.dtype == torch.long and ids.device == logits.device and ids.item() in (0, 1)

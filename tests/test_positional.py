@@ -81,3 +81,21 @@ def test_zero_positions_is_an_empty_table():
 def test_bad_arguments(args, kwargs, message):
     with pytest.raises(ValueError, match=message):
         sinusoidal_positional_encoding(*args, **kwargs)
+
+
+def test_device_and_dtype_keywords_place_the_table_like_its_input():
+    x = torch.zeros(3, 8, dtype=torch.float64)
+    pe = sinusoidal_positional_encoding(3, 8, device=x.device, dtype=x.dtype)
+    assert pe.dtype == torch.float64 and pe.device == x.device
+    # the float64 table carries the digits float32 rounds away
+    assert pe[1, 0].item() == math.sin(1.0)
+    half = sinusoidal_positional_encoding(3, 8, dtype=torch.float16, device="cpu")
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(half.float(), sinusoidal_positional_encoding(3, 8), atol=1e-3, rtol=0)
+    assert sinusoidal_positional_encoding(3, 8).dtype == torch.get_default_dtype()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, "float32"])
+def test_a_non_float_dtype_is_a_type_error(dtype):
+    with pytest.raises(TypeError, match=f"dtype must be a floating-point torch.dtype, got {dtype!r}"):
+        sinusoidal_positional_encoding(3, 8, dtype=dtype)

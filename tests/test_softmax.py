@@ -102,3 +102,8 @@ def test_gradient_flows_like_torch_softmax():
 def test_empty_dimension_is_a_clear_error():
     with pytest.raises(ValueError, match=r"empty dimension -1 in a tensor of shape \(2, 0\)"):
         softmax(torch.zeros(2, 0))
+
+
+def test_dim_out_of_range_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"dim 5 is out of range for a tensor of shape \(2, 3\)"):
+        softmax(torch.zeros(2, 3), dim=5)

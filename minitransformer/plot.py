@@ -201,7 +201,6 @@ def chain_graph(
                 ax.text(pos[i][0], pos[i][1] + 0.3, f"↻ {label}", ha="center", va="bottom",
                         fontsize=8, color="#08519c")
                 continue
-            (x1, y1), (x2, y2) = pos[i], pos[j]
             straight = layer[j] == layer[i] + 1
             rad = 0.0 if straight else 0.35
             ax.annotate("", xy=(0.5, 0.5), xycoords=boxes[j], xytext=(0.5, 0.5),

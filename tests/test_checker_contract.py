@@ -61,3 +61,11 @@ def test_reports_a_crash_without_raising(name, capsys):
 def test_reports_a_missing_return(name, capsys):
     assert not CHECKERS[name](lambda *args: None)
     assert capsys.readouterr().out.startswith("✗ case 1:")
+
+
+@pytest.mark.parametrize("name", sorted(CHECKERS))
+def test_every_listed_mistake_is_caught_with_its_own_hint(name, capsys):
+    checker = CHECKERS[name]
+    for hint, wrong in checker.mistakes.items():
+        assert not checker(wrong), f"{name} accepts the mistake it hints at: {hint}"
+        assert capsys.readouterr().out.rstrip("\n").endswith(f"Hint: {hint}"), hint

@@ -118,3 +118,16 @@ def test_show_and_difference_are_stable():
     assert show("x" * 500).endswith("…") and len(show("x" * 500)) == 160
     assert difference(np.eye(2), np.eye(2) + 1e-9) is None
     assert difference(np.eye(2), "eye") == "expected an array of numbers but got str"
+
+
+def test_a_known_mistake_that_raises_the_same_error_adds_its_hint(capsys):
+    def rows_as_columns(table, ids):
+        return np.asarray(table)[:, ids]
+
+    check = Checker(lambda table, ids: np.asarray(table)[ids], cases=[(np.arange(6.0).reshape(3, 2), [2, 0])],
+                    mistakes={"you picked columns; pick rows": rows_as_columns})
+    assert not check(rows_as_columns)
+    out = capsys.readouterr().out
+    assert "your function raised IndexError" in out and out.endswith("Hint: you picked columns; pick rows\n")
+    assert not check(lambda table, ids: 1 / 0)  # a different error gets no hint
+    assert "Hint" not in capsys.readouterr().out

@@ -62,45 +62,6 @@ def test_accepts_the_book_solution(name, capsys):
     assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
 
 
-@pytest.mark.parametrize("name", CHECKERS)
-def test_accepts_its_own_reference(name, capsys):
-    checker, _ = CHECKERS[name]
-    assert checker(checker.reference)
-    assert capsys.readouterr().out.startswith("✓ all")
-
-
-@pytest.mark.parametrize("name", CHECKERS)
-def test_reports_a_stub(name, capsys):
-    checker, _ = CHECKERS[name]
-
-    def stub(*args):
-        # your code here
-        raise NotImplementedError
-
-    assert not checker(stub)
-    assert capsys.readouterr().out == "✗ not implemented yet\n"
-
-
-@pytest.mark.parametrize("name", CHECKERS)
-def test_reports_an_exception_without_raising(name, capsys):
-    checker, _ = CHECKERS[name]
-
-    def broken(*args):
-        return 1 / 0
-
-    assert not checker(broken)
-    out = capsys.readouterr().out
-    assert out.startswith("✗ case 1: for input ")
-    assert out.endswith("your function raised ZeroDivisionError: division by zero\n")
-
-
-@pytest.mark.parametrize("name", CHECKERS)
-def test_reports_a_missing_return(name, capsys):
-    checker, _ = CHECKERS[name]
-    assert not checker(lambda *args: None)
-    assert capsys.readouterr().out.startswith("✗ case 1: for input ")
-
-
 def test_every_hint_is_reachable():
     """Each wrong function differs from the reference on some case (else its hint is dead)."""
     for checker, _ in CHECKERS.values():

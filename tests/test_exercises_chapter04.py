@@ -43,24 +43,6 @@ def test_accepts_a_correct_solution(name, capsys):
     assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
 
 
-@pytest.mark.parametrize("name", CHECKERS)
-def test_reports_a_stub_as_not_implemented(name, capsys):
-    checker, _ = CHECKERS[name]
-
-    def stub(*args):
-        raise NotImplementedError
-
-    assert not checker(stub)
-    assert capsys.readouterr().out == "✗ not implemented yet\n"
-
-
-@pytest.mark.parametrize("name", CHECKERS)
-def test_a_crashing_function_is_reported_not_raised(name, capsys):
-    checker, _ = CHECKERS[name]
-    assert not checker(lambda *args: 1 / 0)
-    assert capsys.readouterr().out.startswith("✗ case 1: for input (")
-
-
 def test_crash_message_names_the_exception(capsys):
     check_attend(lambda *args: 1 / 0)
     assert "your function raised ZeroDivisionError: division by zero" in capsys.readouterr().out

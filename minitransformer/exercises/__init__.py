@@ -147,7 +147,8 @@ class Checker:
         reference: the correct function.
         cases: the inputs, each a tuple of positional arguments.
         mistakes: optional hints, ``{"hint text": wrong_function}``: when the learner's answer to a
-            failing case equals what ``wrong_function`` returns, the hint is added to the message.
+            failing case equals what ``wrong_function`` returns (or both raise the same error),
+            the hint is added to the message.
         atol, rtol: tolerances for float results.
 
     Calling the checker with the learner's function prints one line and returns a :class:`Verdict`.
@@ -179,8 +180,9 @@ class Checker:
             except NotImplementedError:
                 return Verdict(False, f"{FAIL} not implemented yet")
             except Exception as exc:  # the learner's bug, reported, never raised
-                return Verdict(False, f"{FAIL} case {number}: for input {show(args)} your function "
-                                      f"raised {type(exc).__name__}: {exc}")
+                message = (f"{FAIL} case {number}: for input {show(args)} your function raised "
+                           f"{type(exc).__name__}: {exc}")
+                return Verdict(False, self._with_hint(message, args, error=exc))
             problem = difference(expected, got, atol=self.atol, rtol=self.rtol)
             if problem is None:
                 continue
@@ -188,20 +190,28 @@ class Checker:
                        f"but got {show(got)}")
             if problem != "values differ":
                 message += f" ({problem})"
-            hint = self._hint(args, got)
-            if hint:
-                message += f". Hint: {hint}"
-            return Verdict(False, message)
+            return Verdict(False, self._with_hint(message, args, got=got))
         return Verdict(True, f"{PASS} all {len(self.cases)} checks passed")
 
-    def _hint(self, args: tuple, got: Any) -> str | None:
+    def _with_hint(self, message: str, args: tuple, *, got: Any = None,
+                   error: Exception | None = None) -> str:
+        """Add the hint of the first known mistake that behaves like the learner's function.
+
+        A mistake matches when it returns the same answer, or, for a learner's function that
+        raised, when it raises the same kind of error with the same message.
+        """
         for hint, wrong in self.mistakes.items():
             try:
-                if difference(wrong(*copy.deepcopy(args)), got, atol=self.atol, rtol=self.rtol) is None:
-                    return hint
-            except Exception:  # a hint that cannot be computed is skipped
-                continue
-        return None
+                answer = wrong(*copy.deepcopy(args))
+            except Exception as wrong_error:
+                matches = error is not None and type(wrong_error) is type(error) \
+                    and str(wrong_error) == str(error)
+            else:
+                matches = error is None and difference(answer, got, atol=self.atol,
+                                                       rtol=self.rtol) is None
+            if matches:
+                return f"{message}. Hint: {hint}"
+        return message
 
     def __call__(self, function: Callable[..., Any]) -> Verdict:
         verdict = self.run(function)

@@ -39,16 +39,19 @@ def _softmax(scores: Tensor) -> Tensor:
 class _SoftmaxChecker(Checker):
     """A checker that also recognises the overflow of ``exp`` on large scores (NaN answers)."""
 
-    def _hint(self, args: tuple, got: Any) -> str | None:
+    def _with_hint(self, message: str, args: tuple, *, got: Any = None,
+                   error: Exception | None = None) -> str:
+        if error is not None or got is None:
+            return super()._with_hint(message, args, got=got, error=error)
         try:
             has_nan = bool(np.isnan(np.asarray(got.detach().cpu() if isinstance(got, Tensor) else got,
                                                dtype=float)).any())
         except (TypeError, ValueError):
             has_nan = False
         if has_nan:
-            return ("exp of a large score overflows to inf, and inf / inf is NaN: subtract the "
-                    "largest score of each row before taking exp")
-        return super()._hint(args, got)
+            return (f"{message}. Hint: exp of a large score overflows to inf, and inf / inf is NaN: "
+                    "subtract the largest score of each row before taking exp")
+        return super()._with_hint(message, args, got=got, error=error)
 
 
 def _scores_cases() -> list[tuple]:

@@ -92,7 +92,9 @@ def _check_attention_inputs(query: Tensor, key: Tensor, value: Tensor, attn_mask
     except RuntimeError:
         raise ValueError(f"the leading (batch, head) dimensions of query {_shape(query)}, key "
                          f"{_shape(key)} and value {_shape(value)} do not broadcast") from None
-    scores_shape = (*batch_shape, query.shape[-2], key.shape[-2])
+    # The scores' batch dimensions come from query and key only (value may broadcast further).
+    scores_batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+    scores_shape = (*scores_batch, query.shape[-2], key.shape[-2])
     if attn_mask is not None:
         _check_mask(attn_mask, scores_shape, "(..., L, S)")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) \
@@ -190,7 +192,8 @@ def scaled_dot_product_attention(
     # Without gradients to track, every block writes its scores into this one scratch tensor.
     tracks_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     n_block = min(query.shape[-2], QUERY_BLOCK)
-    scratch = None if tracks_grad else query.new_empty(*batch_shape, n_block, key.shape[-2])
+    scores_batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])  # value may add more
+    scratch = None if tracks_grad else query.new_empty(*scores_batch, n_block, key.shape[-2])
     outputs, weights = [], []
     for start in range(0, query.shape[-2], QUERY_BLOCK):
         rows = slice(start, start + QUERY_BLOCK)

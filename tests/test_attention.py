@@ -86,6 +86,17 @@ def test_sdpa_masks_broadcast_like_pytorch(mask_shape, dtype):
           F.scaled_dot_product_attention(q, k, v, theirs), dtype)
 
 
+@pytest.mark.parametrize("L", [5, QUERY_BLOCK + 7])
+def test_sdpa_values_with_more_batch_dimensions_than_the_scores(L, recwarn):
+    # query and key share one batch entry, value has three: the scores are (1, L, S).
+    q, k, _ = random_qkv((1,), L, 6, 4, 2, torch.float64, seed=12)
+    v = torch.randn(3, 6, 2, dtype=torch.float64)
+    mask = random_bool_mask((L, 6), seed=13)
+    close(scaled_dot_product_attention(q, k, v, mask),
+          F.scaled_dot_product_attention(q, k, v, mask), torch.float64)
+    assert not [w for w in recwarn if "resized" in str(w.message)]
+
+
 @DTYPES
 @pytest.mark.parametrize("L, S", [(5, 5), (3, 8), (QUERY_BLOCK + 10, QUERY_BLOCK + 30)])
 def test_sdpa_with_lower_right_causal_mask_equals_pytorch(L, S, dtype):

@@ -9,7 +9,7 @@ For B=4 sequences, 8 heads of width d_k=64 and T = 128, 512, 1024 positions it t
 all under torch.inference_mode() and with an explicit number of threads.
 
 Timing method: both functions run in the same process on the same inputs, interleaved (ours then
-theirs, then theirs then ours, ...), after two warm-up calls each. The table shows the median time
+theirs, then theirs then ours, ...), after WARM_UP untimed calls each. The table shows the median time
 of each and the median of the per-repeat ratios ours / theirs, which is robust to other programs
 slowing the machine down for a while. Targets on a 2-core CPU: ratio <= 1.5 for the scaled
 dot-product attention at T=512, and <= 1.1 for multi-head attention.
@@ -30,6 +30,8 @@ from minitransformer import MultiHeadAttention, scaled_dot_product_attention
 
 BATCH, HEADS, D_K = 4, 8, 64
 LENGTHS = (128, 512, 1024)
+# Untimed calls of each before timing: the first calls of a size pay for allocations and caches.
+WARM_UP = 5
 
 
 def _time(function: Callable[[], object]) -> float:
@@ -41,7 +43,7 @@ def _time(function: Callable[[], object]) -> float:
 def compare(ours: Callable[[], object], theirs: Callable[[], object],
             repeats: int) -> tuple[float, float, float]:
     """Median seconds of ``ours`` and ``theirs`` and the median per-repeat ratio ours / theirs."""
-    for _ in range(2):
+    for _ in range(WARM_UP):
         ours(), theirs()
     ours_times, theirs_times, ratios = [], [], []
     for repeat in range(repeats):

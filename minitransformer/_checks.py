@@ -1,0 +1,160 @@
+"""The package's argument checks, in one place (used by every module).
+
+Each mistake gets one message and one exception type wherever it is made: ``TypeError`` for a
+value of the wrong type, ``ValueError`` for a value of the right type that cannot be right. A
+public entry point checks its inputs once; the layers a model calls from its own ``forward`` do
+not check again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+
+def shape(t: Tensor) -> tuple[int, ...]:
+    """A tensor's shape as a plain tuple, for messages: ``(2, 5, 16)``."""
+    return tuple(t.shape)
+
+
+def _type_name(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of dtype {value.dtype}"
+    return type(value).__name__
+
+
+def check_int(name: str, value: object, *, low: int = 1) -> int:
+    """An ``int`` (not a ``bool``) of at least ``low``: sizes, counts, lengths, ids."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {_type_name(value)} ({value!r})")
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+    return value
+
+
+def check_number(name: str, value: object, *, low: float | None = None,
+                 positive: bool = False) -> float:
+    """A finite real number; ``positive`` asks for > 0, ``low`` for >= low."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {_type_name(value)} ({value!r})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value!r}")
+    return float(value)
+
+
+def check_probability(name: str, value: object) -> float:
+    """A dropout-style probability in ``[0, 1)``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number in [0, 1), got {_type_name(value)} ({value!r})")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
+    """One of a few named options, e.g. ``activation="relu"``."""
+    choices = sorted(choices)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {choices}, got {_type_name(value)} ({value!r})")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def check_divisible(d_model: int, num_heads: int) -> None:
+    """Heads split ``d_model`` evenly."""
+    if d_model % num_heads:
+        raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model} and "
+                         f"num_heads={num_heads}")
+
+
+def check_float_tensor(name: str, value: object, *, ndim: int | None = None,
+                       min_ndim: int | None = None, last_dim: int | None = None) -> Tensor:
+    """A floating-point tensor, optionally with a given number of dimensions or last size."""
+    if not isinstance(value, Tensor) or not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {_type_name(value)}")
+    if ndim is not None and value.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {shape(value)}")
+    if min_ndim is not None and value.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape "
+                         f"{shape(value)}")
+    if last_dim is not None and (value.ndim == 0 or value.shape[-1] != last_dim):
+        raise ValueError(f"{name} must have last dimension {last_dim}, got shape {shape(value)}")
+    return value
+
+
+def check_same_dtype(**tensors: Tensor) -> None:
+    """Tensors that are combined must share a dtype (no silent float32/float64 mix)."""
+    dtypes = {name: t.dtype for name, t in tensors.items()}
+    if len(set(dtypes.values())) > 1:
+        listed = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+        raise TypeError(f"{', '.join(dtypes)} must have the same dtype, got {listed}")
+
+
+def check_token_ids(name: str, value: object, vocab_size: int, *,
+                    max_len: int | None = None) -> Tensor:
+    """A ``(B, T)`` integer tensor of token ids in ``[0, vocab_size)``, ``T <= max_len``."""
+    if not isinstance(value, Tensor) or value.dtype not in (
+            torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise TypeError(f"{name} must be an integer tensor of token ids, got "
+                        f"{_type_name(value)}")
+    if value.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {shape(value)}")
+    if value.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one token per row, got shape "
+                         f"{shape(value)}")
+    if max_len is not None and value.shape[1] > max_len:
+        raise ValueError(f"{name} has {value.shape[1]} positions, more than context_length="
+                         f"{max_len}")
+    if value.numel() and value.device.type != "meta":
+        low, high = int(value.min()), int(value.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"{name} holds token id {bad}, outside the vocabulary "
+                             f"[0, {vocab_size})")
+    return value
+
+
+def check_mask(attn_mask: object, scores_shape: Sequence[int], described: str,
+               name: str = "attn_mask") -> Tensor:
+    """A mask that is boolean (True = may attend) or additive floating (0 and -inf), and that
+    broadcasts to the scores ``scores_shape`` without enlarging them.
+
+    A floating mask holding only 0s and 1s is a boolean mask in the wrong dtype (adding 1 to a
+    score hides nothing): that is an error that suggests ``.bool()``.
+    """
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(f"{name} must be a tensor, got {_type_name(attn_mask)}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"{name} must be boolean (True = may attend) or floating (added to the "
+                        f"scores), got dtype {attn_mask.dtype}")
+    try:
+        broadcast = torch.broadcast_shapes(attn_mask.shape, tuple(scores_shape))
+    except RuntimeError:
+        broadcast = None
+    if broadcast != torch.Size(scores_shape):
+        raise ValueError(f"{name} of shape {shape(attn_mask)} does not broadcast to the scores "
+                         f"{described} = {tuple(scores_shape)}")
+    if attn_mask.is_floating_point() and attn_mask.numel() and attn_mask.device.type != "meta":
+        zeros_and_ones = ((attn_mask == 0) | (attn_mask == 1)).all()
+        if zeros_and_ones and (attn_mask == 1).any():
+            raise ValueError(f"{name} is a floating mask of only 0s and 1s, which would be added "
+                             f"to the scores and hide nothing; it looks like a boolean mask "
+                             f"(True = may attend) in the wrong dtype: pass {name}.bool(), or an "
+                             f"additive mask of 0 and -inf")
+    return attn_mask
+
+
+def factory_kwargs(device: torch.device | str | None,
+                   dtype: torch.dtype | None) -> dict[str, object]:
+    """The ``device=``/``dtype=`` pair every module passes on to the layers it creates."""
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    return {"device": device, "dtype": dtype}

@@ -27,25 +27,40 @@ class Vocabulary:
     Args:
         words: the words; duplicates are dropped and the rest sorted, so the same words always
             get the same indices.
+        specials: reserved tokens such as ``("<pad>", "<bos>", "<eos>")`` that take the first ids
+            (0, 1, 2, ...) in the order given; the sorted words follow them. Default: none.
 
-    ``len(vocab)`` is the number of words N, ``word in vocab`` tests membership, ``vocab[i]`` is
-    the i-th word and ``vocab.words`` the full list.
+    ``len(vocab)`` is the number of words N (specials included), ``word in vocab`` tests
+    membership, ``vocab[i]`` is the i-th word and ``vocab.words`` the full list.
     """
 
-    def __init__(self, words: Iterable[str]):
+    def __init__(self, words: Iterable[str], *, specials: Sequence[str] = ()):
         words = list(words)
-        for word in words:
+        if isinstance(specials, str):
+            raise TypeError(f"specials must be a sequence of tokens, not the single string "
+                            f"{specials!r}")
+        specials = tuple(specials)
+        for word in [*specials, *words]:
             if not isinstance(word, str) or not word:
                 raise TypeError(f"vocabulary words must be non-empty strings, got {word!r}")
-        self.words: list[str] = sorted(set(words))
+        if len(set(specials)) != len(specials):
+            raise ValueError(f"specials must be distinct, got {specials}")
+        self.specials: tuple[str, ...] = specials
+        self.words: list[str] = [*specials, *sorted(set(words) - set(specials))]
         self._index = {word: i for i, word in enumerate(self.words)}
 
     @classmethod
-    def from_sentences(cls, sentences: Iterable[str]) -> "Vocabulary":
-        """Build the vocabulary of every word that appears in ``sentences``."""
+    def from_sentences(cls, sentences: Iterable[str], *,
+                       specials: Sequence[str] = ()) -> "Vocabulary":
+        """Build the vocabulary of every word that appears in ``sentences``, after ``specials``.
+
+        >>> Vocabulary.from_sentences(["my files"], specials=("<eos>",)).words
+        ['<eos>', 'files', 'my']
+        """
         if isinstance(sentences, str):
             raise TypeError("from_sentences expects a list of sentences, not a single string")
-        return cls(word for sentence in sentences for word in tokenize(sentence))
+        return cls((word for sentence in sentences for word in tokenize(sentence)),
+                   specials=specials)
 
     def __len__(self) -> int:
         return len(self.words)

@@ -94,3 +94,32 @@ def test_one_hot_rejects_bad_indices_and_sizes():
         one_hot([0.5], 3)
     with pytest.raises(ValueError, match="flat list"):
         one_hot([[0, 1]], 3)
+
+
+def test_specials_take_the_first_ids_and_words_follow_sorted():
+    vocab = Vocabulary.from_sentences(COMMANDS, specials=("<pad>", "<bos>", "<eos>"))
+    assert vocab.words[:3] == ["<pad>", "<bos>", "<eos>"]
+    assert [vocab.index(t) for t in ("<pad>", "<bos>", "<eos>")] == [0, 1, 2]
+    assert vocab.words[3:] == Vocabulary.from_sentences(COMMANDS).words
+    assert vocab.specials == ("<pad>", "<bos>", "<eos>")
+    assert len(vocab) == 3 + 7
+    assert vocab.decode([1, vocab.index("files"), 2]) == ["<bos>", "files", "<eos>"]
+
+
+def test_specials_keep_their_given_order_and_a_repeated_word_counts_once():
+    vocab = Vocabulary(["b", "<eos>", "a"], specials=("<eos>", "<bos>"))
+    assert vocab.words == ["<eos>", "<bos>", "a", "b"]
+
+
+def test_without_specials_nothing_changes():
+    assert Vocabulary(["b", "a"]).specials == ()
+    assert Vocabulary(["b", "a"]).words == ["a", "b"]
+
+
+def test_bad_specials_are_rejected():
+    with pytest.raises(TypeError, match="single string"):
+        Vocabulary(["a"], specials="<eos>")
+    with pytest.raises(TypeError, match="non-empty strings"):
+        Vocabulary(["a"], specials=("",))
+    with pytest.raises(ValueError, match="distinct"):
+        Vocabulary(["a"], specials=("<eos>", "<eos>"))

@@ -7,7 +7,7 @@ chapter uses is re-exported here, so a chapter writes ``from minitransformer imp
 from minitransformer.attention import MultiHeadAttention, scaled_dot_product_attention, softmax
 from minitransformer.device import default_device
 from minitransformer.generate import sample_next
-from minitransformer.layers import FeedForward
+from minitransformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm
 from minitransformer.markov import SkipModel, sample, second_order_matrix, transition_matrix
 from minitransformer.masks import causal_mask, padding_mask
 from minitransformer.plot import (
@@ -21,7 +21,10 @@ from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.vocab import Vocabulary, one_hot, tokenize
 
 __all__ = [
+    "DecoderLayer",
+    "EncoderLayer",
     "FeedForward",
+    "LayerNorm",
     "MultiHeadAttention",
     "SkipModel",
     "Vocabulary",

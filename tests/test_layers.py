@@ -112,31 +112,63 @@ def test_follows_the_inputs_dtype_after_to():
     assert block(torch.ones(2, 3, dtype=torch.float64)).dtype == torch.float64
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(d_model=0, d_ff=4), "d_model must be a positive integer, got 0"),
-    (dict(d_model=4, d_ff=2.5), "d_ff must be a positive integer, got 2.5"),
-    (dict(d_model=True, d_ff=4), "d_model must be a positive integer, got True"),
-    (dict(d_model=4, d_ff=4, dropout=1.0), r"dropout must be a probability in \[0, 1\), got 1.0"),
-    (dict(d_model=4, d_ff=4, dropout=-0.1), r"dropout must be a probability in \[0, 1\), got -0.1"),
-    (dict(d_model=4, d_ff=4, activation="tanh"), r"activation must be one of \['gelu', 'relu'\], got 'tanh'"),
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(d_model=0, d_ff=4), ValueError, "d_model must be at least 1, got 0"),
+    (dict(d_model=4, d_ff=2.5), TypeError, r"d_ff must be an int, got float \(2.5\)"),
+    (dict(d_model=True, d_ff=4), TypeError, r"d_model must be an int, got bool \(True\)"),
+    (dict(d_model=4, d_ff=4, dropout=1.0), ValueError,
+     r"dropout must be a number in \[0, 1\), got 1.0"),
+    (dict(d_model=4, d_ff=4, dropout=-0.1), ValueError,
+     r"dropout must be a number in \[0, 1\), got -0.1"),
+    (dict(d_model=4, d_ff=4, activation="tanh"), ValueError,
+     r"activation must be one of \['gelu', 'relu'\], got 'tanh'"),
+    (dict(d_model=4, d_ff=4, dtype=torch.int64), TypeError,
+     "dtype must be a floating-point torch.dtype, got torch.int64"),
 ])
-def test_bad_construction_arguments(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_construction_arguments(kwargs, error, message):
+    with pytest.raises(error, match=message):
         FeedForward(**kwargs)
 
 
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError, match="positional"):
+        FeedForward(4, 8, 0.1)
+
+
+def test_device_and_dtype_create_the_parameters():
+    block = FeedForward(4, 8, dtype=torch.float64, device="cpu")
+    assert {p.dtype for p in block.parameters()} == {torch.float64}
+    assert {p.device.type for p in block.parameters()} == {"cpu"}
+
+
 def test_wrong_input_width_is_named():
-    with pytest.raises(ValueError, match=r"input of shape \(\.\.\., 4\), got \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"x must have last dimension 4, got shape \(2, 5\)"):
         FeedForward(4, 8)(torch.zeros(2, 5))
-    with pytest.raises(ValueError, match=r"got \(\)"):
+    with pytest.raises(ValueError, match=r"got shape \(\)"):
         FeedForward(4, 8)(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"x must have last dimension 4, got shape \(3, 1\)"):
+        FeedForward(4, 8).features(torch.zeros(3, 1))     # would broadcast silently
 
 
 def test_integer_input_is_a_type_error():
-    with pytest.raises(TypeError, match="floating-point tensor, got dtype torch.int64"):
+    with pytest.raises(TypeError, match="x must be a floating-point tensor, got a tensor of "
+                                        "dtype torch.int64"):
         FeedForward(2, 2)(torch.tensor([1, 0]))
     with pytest.raises(TypeError, match="floating-point tensor, got list"):
         FeedForward(2, 2)([1.0, 0.0])
+
+
+def test_input_in_another_dtype_is_a_type_error():
+    with pytest.raises(TypeError, match="x, weights must have the same dtype, got x "
+                                        "torch.float64, weights torch.float32"):
+        FeedForward(2, 2)(torch.zeros(3, 2, dtype=torch.float64))
+
+
+def test_transform_is_forward_without_the_check():
+    _ = torch.manual_seed(0)
+    block = FeedForward(4, 8)
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(block.transform(x), block(x))
 
 
 def test_set_weights_checks_shapes_and_types():
@@ -146,7 +178,7 @@ def test_set_weights_checks_shapes_and_types():
         block.set_weights(**{**good, "w1": torch.zeros(2, 3)})
     with pytest.raises(ValueError, match=r"b2 must have shape \(3,\), got \(2,\)"):
         block.set_weights(**{**good, "b2": torch.zeros(2)})
-    with pytest.raises(TypeError, match="b1 must be a tensor, got list"):
+    with pytest.raises(TypeError, match="b1 must be a floating-point tensor, got list"):
         block.set_weights(**{**good, "b1": [0.0, 0.0]})
     assert block.set_weights(**good) is block
     assert block(torch.ones(3)).tolist() == [0.0, 0.0, 0.0]

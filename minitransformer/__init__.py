@@ -4,11 +4,16 @@ Each module holds one idea of the book and names the chapter that explains it. E
 chapter uses is re-exported here, so a chapter writes ``from minitransformer import one_hot``.
 """
 
-from minitransformer.attention import MultiHeadAttention, scaled_dot_product_attention, softmax
+from minitransformer.attention import (
+    MultiHeadAttention,
+    blocked_attention,
+    scaled_dot_product_attention,
+)
 from minitransformer.device import default_device
+from minitransformer.functional import softmax
 from minitransformer.generate import sample_next
 from minitransformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm
-from minitransformer.markov import SkipModel, sample, second_order_matrix, transition_matrix
+from minitransformer.markov import SkipModel, second_order_matrix, transition_matrix, walk_chain
 from minitransformer.masks import causal_mask, padding_mask
 from minitransformer.plot import (
     chain_graph,
@@ -28,6 +33,7 @@ __all__ = [
     "MultiHeadAttention",
     "SkipModel",
     "Vocabulary",
+    "blocked_attention",
     "causal_mask",
     "chain_graph",
     "default_device",
@@ -37,7 +43,6 @@ __all__ = [
     "padding_mask",
     "positional_encoding_heatmap",
     "probability_bars",
-    "sample",
     "sample_next",
     "scaled_dot_product_attention",
     "second_order_matrix",
@@ -45,4 +50,5 @@ __all__ = [
     "softmax",
     "tokenize",
     "transition_matrix",
+    "walk_chain",
 ]

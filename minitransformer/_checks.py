@@ -9,6 +9,7 @@ not check again.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -27,11 +28,20 @@ def _type_name(value: object) -> str:
 
 
 def check_int(name: str, value: object, *, low: int = 1) -> int:
-    """An ``int`` (not a ``bool``) of at least ``low``: sizes, counts, lengths, ids."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An ``int`` (not a ``bool``; numpy integers count) of at least ``low``: sizes, counts,
+    lengths, ids. Returns it as a plain ``int``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {_type_name(value)} ({value!r})")
     if value < low:
         raise ValueError(f"{name} must be at least {low}, got {value}")
+    return int(value)
+
+
+def check_type(name: str, value: object, types: type | tuple[type, ...], expected: str) -> object:
+    """A value of one of ``types``; ``expected`` says it in words (``"a str"``). The message
+    names the type it got, not the value, which may be a whole book's text."""
+    if not isinstance(value, types):
+        raise TypeError(f"{name} must be {expected}, got {_type_name(value)}")
     return value
 
 
@@ -149,7 +159,29 @@ def check_mask(attn_mask: object, scores_shape: Sequence[int], described: str,
                              f"to the scores and hide nothing; it looks like a boolean mask "
                              f"(True = may attend) in the wrong dtype: pass {name}.bool(), or an "
                              f"additive mask of 0 and -inf")
+    if attn_mask.numel() and attn_mask.device.type != "meta" and scores_shape[-1] > 0:
+        _check_no_empty_rows(attn_mask, name)
     return attn_mask
+
+
+def _check_no_empty_rows(attn_mask: Tensor, name: str) -> None:
+    """No query may have every key masked: a softmax over only -inf scores is 0/0 (NaN), and
+    PyTorch's fused kernel quietly returns zeros."""
+    if attn_mask.dtype == torch.bool:
+        empty = ~attn_mask.any(dim=-1)
+    else:
+        empty = torch.isneginf(attn_mask).all(dim=-1)
+    if not empty.any():
+        return
+    where = tuple(torch.nonzero(empty.reshape(empty.shape or (1,)))[0].tolist())
+    if attn_mask.ndim >= 2 and attn_mask.shape[-2] > 1:
+        batch, who = where[:-1], f"query {where[-1]}"
+    else:  # the mask's query dimension is 1 (or absent): it masks every query alike
+        batch, who = where[:-1] if attn_mask.ndim >= 2 else (), "every query"
+    at = f" of {name} batch/head index {batch}" if batch else ""
+    raise ValueError(f"{who}{at} has every key masked, so there is nothing to "
+                     f"attend to (a softmax over only -inf scores); let each query see at least "
+                     f"one key (True = may attend)")
 
 
 def factory_kwargs(device: torch.device | str | None,

@@ -1,4 +1,10 @@
-"""Attention: softmax (chapter 5), scaled dot-product and multi-head attention (chapters 6 and 7)."""
+"""Attention: scaled dot-product attention (chapter 6), its memory-saving blocked version and
+multi-head attention (chapter 7).
+
+``scaled_dot_product_attention`` is the reference: it reads like the formula. ``blocked_attention``
+computes the same numbers with only a slice of the score matrix in memory at once, and is the one
+the benchmark (``benchmarks/attention.py``) times against PyTorch's fused kernel.
+"""
 
 from __future__ import annotations
 
@@ -8,132 +14,52 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from minitransformer._checks import (
+    check_divisible,
+    check_float_tensor,
+    check_int,
+    check_mask,
+    check_number,
+    check_probability,
+    check_same_dtype,
+    factory_kwargs,
+    shape,
+)
+from minitransformer.functional import softmax
 
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """Turn scores into probabilities along ``dim``: ``exp(x) / sum(exp(x))``.
-
-    The largest score is subtracted first, which changes nothing mathematically (it cancels in the
-    fraction) but keeps ``exp`` from overflowing for large scores. ``-inf`` scores get probability
-    exactly 0.
-
-    Args:
-        x: a floating-point tensor of any shape.
-        dim: the dimension whose entries should sum to 1.
-
-    Raises:
-        TypeError: ``x`` is not a floating-point tensor.
-        ValueError: a slice along ``dim`` is entirely ``-inf`` (nothing to give probability to),
-            or holds NaN or ``+inf``.
-    """
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        raise TypeError(f"softmax expects a floating-point tensor, got {type(x).__name__}"
-                        + (f" of dtype {x.dtype}" if isinstance(x, Tensor) else ""))
-    if torch.isnan(x).any() or torch.isposinf(x).any():
-        raise ValueError("softmax scores must not contain NaN or +inf")
-    if x.dim() and not -x.dim() <= dim < x.dim():
-        raise ValueError(f"softmax dim {dim} is out of range for a tensor of shape {tuple(x.shape)}")
-    if x.dim() and x.shape[dim] == 0:
-        raise ValueError(f"softmax got an empty dimension {dim} in a tensor of shape {tuple(x.shape)}")
-    largest = x.amax(dim=dim, keepdim=True)
-    if torch.isneginf(largest).any():
-        raise ValueError(f"softmax got a slice along dim {dim} whose scores are all -inf "
-                         f"(every position masked), in a tensor of shape {tuple(x.shape)}")
-    exps = torch.exp(x - largest)
-    return exps / exps.sum(dim=dim, keepdim=True)
-
-
-def _warm_up_exp() -> None:
-    """Call ``torch.exp`` once on a single number of each float type, before any real work.
-
-    Measured here (torch 2.13.0 CPU build, 2 threads): in about one fresh process in ten, the first
-    attention computed after import differed from PyTorch's by ~4e-5 instead of ~3e-7, and only
-    that first call. One tiny ``exp`` per dtype at import removed it (0 bad runs in 40, against 4
-    in 40 without it, and 5 in 40 with a warm-up that used ``matmul`` instead of ``exp``), which
-    points at ``exp`` choosing its kernel lazily on its first, multi-threaded call.
-    """
-    for dtype in (torch.float32, torch.float64):
-        torch.exp(torch.zeros(1, dtype=dtype))
-
-
-_warm_up_exp()
-
-# Queries are processed this many at a time, so only a (..., QUERY_BLOCK, S) slice of the score
-# matrix exists at once instead of the whole (..., L, S): the idea behind FlashAttention (chapter 7).
+# blocked_attention's default: queries are processed this many at a time, so only a
+# (..., QUERY_BLOCK, T_k) slice of the score matrix exists at once (chapter 7).
 QUERY_BLOCK = 128
 
 
-def _shape(t: Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
-
-
-def _check_attention_inputs(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,
-                            dropout_p: float, scale: float | None) -> tuple[int, ...]:
-    """Validate the arguments of :func:`scaled_dot_product_attention`; return the batch shape."""
+def _check_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, *,
+                     dropout_p: float = 0.0, scale: float | None = None) -> None:
+    """Validate the arguments shared by the attention functions, once, at their entry."""
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got "
-                            + (f"dtype {t.dtype}" if isinstance(t, Tensor) else type(t).__name__))
-        if t.ndim < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (positions, features), "
-                             f"got shape {_shape(t)}")
-    if not query.dtype == key.dtype == value.dtype:
-        raise TypeError(f"query, key and value must have the same dtype, got {query.dtype}, "
-                        f"{key.dtype} and {value.dtype}")
+        check_float_tensor(name, t, min_ndim=2)
+    check_same_dtype(query=query, key=key, value=value)
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(f"query and key must have the same last dimension, got query "
-                         f"{_shape(query)} and key {_shape(key)}")
+                         f"{shape(query)} and key {shape(key)}")
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"key and value must have the same number of positions (dim -2), got key "
-                         f"{_shape(key)} and value {_shape(value)}")
+                         f"{shape(key)} and value {shape(value)}")
     if key.shape[-2] == 0:
-        raise ValueError(f"key has no positions to attend to, shape {_shape(key)}")
+        raise ValueError(f"key has no positions to attend to, shape {shape(key)}")
     try:
-        batch_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     except RuntimeError:
-        raise ValueError(f"the leading (batch, head) dimensions of query {_shape(query)}, key "
-                         f"{_shape(key)} and value {_shape(value)} do not broadcast") from None
-    # The scores' batch dimensions come from query and key only (value may broadcast further).
-    scores_batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
-    scores_shape = (*scores_batch, query.shape[-2], key.shape[-2])
+        raise ValueError(f"the leading (batch, head) dimensions of query {shape(query)}, key "
+                         f"{shape(key)} and value {shape(value)} do not broadcast") from None
     if attn_mask is not None:
-        _check_mask(attn_mask, scores_shape, "(..., L, S)")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) \
-            or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale must be a number or None, got {type(scale).__name__}")
-    return tuple(batch_shape)
-
-
-def _check_mask(attn_mask: Tensor, scores_shape: tuple[int, ...], described: str) -> None:
-    """A mask must be boolean or floating and broadcast to the scores without enlarging them."""
-    if not isinstance(attn_mask, Tensor):
-        raise TypeError(f"attn_mask must be a tensor, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise TypeError(f"attn_mask must be boolean (True = may attend) or floating (added to the "
-                        f"scores), got dtype {attn_mask.dtype}")
-    try:
-        broadcast = torch.broadcast_shapes(attn_mask.shape, scores_shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != torch.Size(scores_shape):
-        raise ValueError(f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores "
-                         f"{described} = {tuple(scores_shape)}")
-
-
-def _rows(mask: Tensor | None, rows: slice) -> Tensor | None:
-    """The part of a mask that belongs to the queries ``rows`` (a mask may broadcast over them)."""
-    if mask is None or mask.ndim < 2 or mask.shape[-2] == 1:
-        return mask
-    return mask[..., rows, :]
-
-
-def _raise_all_masked(largest: Tensor, first_row: int) -> None:
-    where = torch.nonzero(torch.isneginf(largest))[0].tolist()  # (batch..., row, 0)
-    batch, row = tuple(where[:-2]), where[-2] + first_row
-    raise ValueError(f"query {row}" + (f" of batch/head index {batch}" if batch else "")
-                     + " has every key masked, so there is nothing to attend to (a softmax over "
-                     "only -inf scores); let each query see at least one key (True = may attend)")
+        # The scores' batch dimensions come from query and key only (value may broadcast further).
+        scores_batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+        check_mask(attn_mask, (*scores_batch, query.shape[-2], key.shape[-2]), "(..., T_q, T_k)")
+        if attn_mask.is_floating_point():
+            check_same_dtype(query=query, attn_mask=attn_mask)
+    check_probability("dropout_p", dropout_p)
+    if scale is not None:
+        check_number("scale", scale)
 
 
 def scaled_dot_product_attention(
@@ -148,96 +74,119 @@ def scaled_dot_product_attention(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention, written out: ``softmax(query @ key^T * scale + mask) @ value``.
 
-    The same arguments, in the same order and with the same meaning, as
-    ``torch.nn.functional.scaled_dot_product_attention``. Any leading batch and head dimensions
-    ``...`` are allowed (they broadcast).
-
-    The queries are handled in blocks of ``QUERY_BLOCK`` rows, so only a slice of the ``(L, S)``
-    score matrix is in memory at once; the result is the same as doing all rows together.
+    ``query, key, value, attn_mask`` come in the order of
+    ``torch.nn.functional.scaled_dot_product_attention`` and mean the same. Unlike PyTorch,
+    ``dropout_p`` and ``scale`` are keyword-only, there is no ``is_causal`` (pass
+    :func:`~minitransformer.masks.causal_mask` as the mask: it aligns to the lower right, which
+    cached decoding needs), a query whose keys are all masked is an error instead of zeros, and
+    ``return_weights`` also returns the weights. Leading batch and head dimensions ``...`` broadcast.
 
     Args:
-        query: ``(..., L, E)``, what each of the L positions is looking for.
-        key: ``(..., S, E)``, what each of the S positions offers.
-        value: ``(..., S, Ev)``, what each of the S positions passes on.
-        attn_mask: broadcastable to ``(..., L, S)``; boolean with True = may attend, or floating
-            and added to the scores (``-inf`` hides a key).
+        query: ``(..., T_q, d_k)``, what each of the T_q positions is looking for.
+        key: ``(..., T_k, d_k)``, what each of the T_k positions offers.
+        value: ``(..., T_k, d_v)``, what each of the T_k positions passes on.
+        attn_mask: broadcastable to ``(..., T_q, T_k)``; boolean with True = may attend, or
+            floating and added to the scores (0 keeps a key, ``-inf`` hides it).
         dropout_p: the probability of zeroing an attention weight (survivors scaled by
             ``1 / (1 - dropout_p)``), as in training; 0 for none.
-        scale: multiplies the scores; default ``1 / sqrt(E)``.
+        scale: multiplies the scores; default ``1 / sqrt(d_k)``.
         return_weights: also return the attention weights.
 
     Returns:
-        The output ``(..., L, Ev)``; with ``return_weights=True`` the pair ``(output, weights)``,
-        weights of shape ``(..., L, S)`` whose rows sum to 1 (the weights actually used: with
-        dropout, after dropout).
+        The output ``(..., T_q, d_v)``; with ``return_weights=True`` the pair ``(output, weights)``,
+        weights ``(..., T_q, T_k)`` (the ones used: with dropout, after dropout).
 
     Raises:
-        TypeError: an argument has the wrong type or dtype.
+        TypeError: an argument of the wrong type or dtype.
         ValueError: shapes that do not fit together (naming them), a mask that does not broadcast,
-            ``dropout_p`` outside ``[0, 1)``, or a query whose keys are all masked.
+            a floating mask of only 0s and 1s (use ``.bool()``), a query whose keys are all masked,
+            ``dropout_p`` outside ``[0, 1)``.
     """
-    batch_shape = _check_attention_inputs(query, key, value, attn_mask, dropout_p, scale)
-    if query.shape[-2] == 0:                       # no queries: nothing to compute
-        output = query.new_empty(*batch_shape, 0, value.shape[-1])
-        return (output, query.new_empty(*batch_shape, 0, key.shape[-2])) if return_weights else output
+    _check_attention(query, key, value, attn_mask, dropout_p=dropout_p, scale=scale)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    hidden = added = None
+    # 1. scores: how well each query matches each key
+    scores = query @ key.transpose(-2, -1) * scale               # (..., T_q, T_k)
+    # 2. mask: a hidden key gets -inf, which softmax turns into exactly 0
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        hidden = ~attn_mask                        # True where a key is hidden from a query
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
     elif attn_mask is not None:
-        added = attn_mask.to(query.dtype)
-    query = query * scale                          # (..., L, E), cheaper than scaling (L, S) scores
-    key_t = key.transpose(-2, -1)                  # (..., E, S)
-    # Without gradients to track, every block writes its scores into this one scratch tensor.
+        scores = scores + attn_mask
+    # 3. softmax over the keys: each query's weights sum to 1
+    weights = softmax(scores, dim=-1)                             # (..., T_q, T_k)
+    if dropout_p > 0:
+        weights = F.dropout(weights, dropout_p)
+    # 4. the weighted sum of the values
+    output = weights @ value                                      # (..., T_q, d_v)
+    return (output, weights) if return_weights else output
+
+
+def blocked_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    query_block: int = QUERY_BLOCK,
+) -> Tensor:
+    """:func:`scaled_dot_product_attention` with the queries taken ``query_block`` at a time (chapter 7).
+
+    The rows of the score matrix are independent, so only a ``(..., query_block, T_k)`` slice of
+    it needs to exist at once; the result is the same. Without gradients to track, every block
+    reuses one scratch tensor for its scores and works in place on it, and the division by each
+    row's total is done on the ``d_v`` outputs rather than the ``T_k`` weights. No dropout and no
+    weights: this is the version for speed and memory.
+
+    Args:
+        query, key, value, attn_mask, scale: as for :func:`scaled_dot_product_attention`.
+        query_block: how many queries to process at once (at least 1).
+
+    Returns:
+        The output ``(..., T_q, d_v)``.
+
+    Raises:
+        TypeError, ValueError: as for :func:`scaled_dot_product_attention`, and for a
+            ``query_block`` that is not a positive int.
+    """
+    _check_attention(query, key, value, attn_mask, scale=scale)
+    query_block = check_int("query_block", query_block)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    length = query.shape[-2]
+    if length == 0:
+        batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        return query.new_empty(*batch, 0, value.shape[-1])
+    hidden = ~attn_mask if attn_mask is not None and attn_mask.dtype == torch.bool else None
+    added = attn_mask if attn_mask is not None and attn_mask.is_floating_point() else None
+    query = query * scale                          # (..., T_q, d_k): fewer numbers than the scores
+    key_t = key.transpose(-2, -1)                  # (..., d_k, T_k)
     tracks_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    n_block = min(query.shape[-2], QUERY_BLOCK)
-    scores_batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])  # value may add more
-    scratch = None if tracks_grad else query.new_empty(*scores_batch, n_block, key.shape[-2])
-    outputs, weights = [], []
-    for start in range(0, query.shape[-2], QUERY_BLOCK):
-        rows = slice(start, start + QUERY_BLOCK)
-        q = query[..., rows, :]                                          # (..., l, E)
+    scores_batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+    scratch = None if tracks_grad else query.new_empty(*scores_batch, min(length, query_block),
+                                                       key.shape[-2])
+    outputs = []
+    for start in range(0, length, query_block):
+        rows = slice(start, start + query_block)
+        q = query[..., rows, :]                                          # (..., b, d_k)
         out = None if scratch is None else scratch[..., : q.shape[-2], :]
-        # 1. scores: how well each query matches each key (already scaled)
-        scores = torch.matmul(q, key_t, out=out)                         # (..., l, S)
-        # 2. mask: a hidden key gets -inf, so exp() turns it into exactly 0
+        scores = torch.matmul(q, key_t, out=out)                         # (..., b, T_k)
         if hidden is not None:
             scores.masked_fill_(_rows(hidden, rows), float("-inf"))
         elif added is not None:
             scores.add_(_rows(added, rows))
-        # 3. softmax over the keys: subtract each row's largest score, exponentiate, normalize
-        # (the largest score is a constant that cancels, so gradients need not flow through it)
-        largest = scores.detach().amax(dim=-1, keepdim=True)             # (..., l, 1)
-        if torch.isneginf(largest).any():
-            _raise_all_masked(largest, start)
-        exps = scores.sub_(largest).exp_()                               # (..., l, S)
-        total = exps.sum(dim=-1, keepdim=True)                           # (..., l, 1)
-        if dropout_p > 0:
-            exps = F.dropout(exps, dropout_p)
-        # 4. the weighted sum of the values, divided by the total only now (fewer numbers)
-        outputs.append(torch.matmul(exps, value) / total)                # (..., l, Ev)
-        if return_weights:
-            weights.append(exps / total)
-    output = torch.cat(outputs, dim=-2)                                  # (..., L, Ev)
-    if return_weights:
-        return output, torch.cat(weights, dim=-2)                        # (..., L, S)
-    return output
+        # the largest score is a constant that cancels, so gradients need not flow through it
+        exps = scores.sub_(scores.detach().amax(dim=-1, keepdim=True)).exp_()
+        total = exps.sum(dim=-1, keepdim=True)                           # (..., b, 1)
+        outputs.append(torch.matmul(exps, value).div_(total))            # (..., b, d_v)
+    return torch.cat(outputs, dim=-2)                                    # (..., T_q, d_v)
 
 
-def _check_no_empty_rows(attn_mask: Tensor | None) -> None:
-    """Raise when a mask hides every key from some query (PyTorch's fused kernel returns zeros)."""
-    if attn_mask is None:
-        return
-    if attn_mask.dtype == torch.bool:
-        empty = ~attn_mask.any(dim=-1)
-    else:
-        empty = torch.isneginf(attn_mask).all(dim=-1)
-    if empty.any():
-        where = torch.nonzero(empty)[0].tolist()
-        raise ValueError(f"attn_mask of shape {_shape(attn_mask)} hides every key from a query "
-                         f"(mask index {tuple(where)}), so there is nothing to attend to; let each "
-                         f"query see at least one key (True = may attend)")
+def _rows(mask: Tensor, rows: slice) -> Tensor:
+    """The part of a mask that belongs to the queries ``rows`` (a mask may broadcast over them)."""
+    if mask.ndim < 2 or mask.shape[-2] == 1:
+        return mask
+    return mask[..., rows, :]
 
 
 class MultiHeadAttention(nn.Module):
@@ -246,7 +195,8 @@ class MultiHeadAttention(nn.Module):
     The inputs are projected to queries, keys and values of width ``d_model``, split into
     ``num_heads`` heads of width ``d_k = d_model // num_heads``, attended per head, concatenated
     back to ``d_model`` and mixed by ``out_proj``. Equal to ``nn.MultiheadAttention(d_model,
-    num_heads, batch_first=True)`` with the same weights (see :meth:`from_torch`).
+    num_heads, batch_first=True)`` with the same weights (see :meth:`from_torch`), but masks are
+    boolean with True = may attend and passed by keyword (``attn_mask=``).
 
     Args:
         d_model: the width of the token vectors.
@@ -257,23 +207,20 @@ class MultiHeadAttention(nn.Module):
 
     Sub-modules ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` are ``nn.Linear(d_model,
     d_model)``.
+
+    Raises:
+        TypeError: a size that is not an int, a dropout that is not a number, a non-float dtype.
+        ValueError: a size below 1, ``num_heads`` not dividing ``d_model``, dropout outside [0, 1).
     """
 
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, dropout: float = 0.0,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
-        for name, number in (("d_model", d_model), ("num_heads", num_heads)):
-            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-                raise ValueError(f"{name} must be a positive int, got {number!r}")
-        if d_model % num_heads:
-            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model} and "
-                             f"num_heads={num_heads}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
-                or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
+        d_model, num_heads = check_int("d_model", d_model), check_int("num_heads", num_heads)
+        check_divisible(d_model, num_heads)
         self.d_model, self.num_heads, self.d_k = d_model, num_heads, d_model // num_heads
-        self.dropout = float(dropout)
-        factory = {"device": device, "dtype": dtype}
+        self.dropout = check_probability("dropout", dropout)
+        factory = factory_kwargs(device, dtype)
         self.q_proj = nn.Linear(d_model, d_model, bias=bias, **factory)
         self.k_proj = nn.Linear(d_model, d_model, bias=bias, **factory)
         self.v_proj = nn.Linear(d_model, d_model, bias=bias, **factory)
@@ -292,59 +239,90 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor,
-                      attn_mask: Tensor | None) -> None:
+    def check_inputs(self, query: Tensor, key: Tensor, value: Tensor,
+                     attn_mask: Tensor | None = None) -> None:
+        """Validate :meth:`forward`'s arguments (``key`` and ``value`` already filled in)."""
         for name, t in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(t, Tensor) or not t.is_floating_point():
-                raise TypeError(f"{name} must be a floating-point tensor, got "
-                                + (f"dtype {t.dtype}" if isinstance(t, Tensor) else type(t).__name__))
+            check_float_tensor(name, t)
             if t.ndim != 3 or t.shape[-1] != self.d_model:
                 raise ValueError(f"{name} must have shape (B, T, d_model={self.d_model}), got "
-                                 f"{_shape(t)}")
+                                 f"{shape(t)}")
+        check_same_dtype(query=query, key=key, value=value)
         if not query.shape[0] == key.shape[0] == value.shape[0]:
             raise ValueError(f"query, key and value must have the same batch size, got query "
-                             f"{_shape(query)}, key {_shape(key)} and value {_shape(value)}")
+                             f"{shape(query)}, key {shape(key)} and value {shape(value)}")
         if key.shape[1] != value.shape[1]:
-            raise ValueError(f"key and value must have the same length, got key {_shape(key)} and "
-                             f"value {_shape(value)}")
+            raise ValueError(f"key and value must have the same length, got key {shape(key)} and "
+                             f"value {shape(value)}")
         if key.shape[1] == 0:
-            raise ValueError(f"key has no positions to attend to, shape {_shape(key)}")
+            raise ValueError(f"key has no positions to attend to, shape {shape(key)}")
         if attn_mask is not None:
             scores_shape = (query.shape[0], self.num_heads, query.shape[1], key.shape[1])
-            _check_mask(attn_mask, scores_shape, "(B, num_heads, L, S)")
+            check_mask(attn_mask, scores_shape, "(B, num_heads, T_q, T_k)")
+            if attn_mask.is_floating_point():
+                check_same_dtype(query=query, attn_mask=attn_mask)
 
-    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
-                attn_mask: Tensor | None = None, *,
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
+                attn_mask: Tensor | None = None,
                 return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Attend from ``query`` to ``key``/``value``.
+        """Attend from ``query`` to ``key``/``value``: validate once, then :meth:`attend`.
 
         Args:
-            query: ``(B, L, d_model)``.
-            key: ``(B, S, d_model)``; omitted: ``query`` (self-attention).
-            value: ``(B, S, d_model)``; omitted: ``key``.
-            attn_mask: broadcastable to ``(B, num_heads, L, S)``, boolean (True = may attend) or
-                floating (added to the scores); e.g. :func:`causal_mask` or :func:`padding_mask`.
+            query: ``(B, T_q, d_model)``.
+            key: ``(B, T_k, d_model)``; omitted: ``query`` (self-attention).
+            value: ``(B, T_k, d_model)``; omitted: ``key``.
+            attn_mask: keyword-only, broadcastable to ``(B, num_heads, T_q, T_k)``, boolean
+                (True = may attend) or floating (added to the scores); e.g. :func:`causal_mask`
+                or :func:`padding_mask`. (``nn.MultiheadAttention``'s 4th positional argument is
+                ``key_padding_mask``, with True = *masked*.)
             return_weights: also return the per-head attention weights.
 
         Returns:
-            The output ``(B, L, d_model)``; with ``return_weights=True`` also the weights
-            ``(B, num_heads, L, S)``. Without weights PyTorch's fused kernel does the attention;
-            with them, :func:`scaled_dot_product_attention`. Both give the same output.
+            The output ``(B, T_q, d_model)``; with ``return_weights=True`` also the weights
+            ``(B, num_heads, T_q, T_k)``.
+
+        Raises:
+            TypeError, ValueError: inputs that are not float tensors of shape
+                ``(B, T, d_model)``, that do not fit together, or a bad mask (as for
+                :func:`scaled_dot_product_attention`).
         """
         key = query if key is None else key
         value = key if value is None else value
-        self._check_inputs(query, key, value, attn_mask)
-        q = self.split_heads(self.q_proj(query))     # (B, h, L, d_k)
-        k = self.split_heads(self.k_proj(key))       # (B, h, S, d_k)
-        v = self.split_heads(self.v_proj(value))     # (B, h, S, d_k)
+        self.check_inputs(query, key, value, attn_mask)
+        return self.attend(query, key, value, attn_mask=attn_mask, return_weights=return_weights)
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, *,
+               attn_mask: Tensor | None = None,
+               return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`forward` without validation: the path layers and models call.
+
+        A model validates its input once in its own ``forward`` and then calls its layers' ``attend``
+        on every step, so that no input is checked twice. Arguments and results as for
+        :meth:`forward`, but ``key`` and ``value`` must be given, and bad input gives PyTorch's
+        errors (or a wrong result) instead of ours.
+
+        Without weights, the heads go through PyTorch's fused kernel
+        ``F.scaled_dot_product_attention``; with ``return_weights=True`` through the written-out
+        attention of chapter 6. The two give the same output, except that in training with
+        ``dropout > 0`` they draw different dropout masks.
+        """
+        q = self.split_heads(self.q_proj(query))     # (B, h, T_q, d_k)
+        k = self.split_heads(self.k_proj(key))       # (B, h, T_k, d_k)
+        v = self.split_heads(self.v_proj(value))     # (B, h, T_k, d_k)
         dropout_p = self.dropout if self.training else 0.0
         if return_weights:
-            heads, weights = scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p,
-                                                          return_weights=True)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)        # (B, h, T_q, T_k)
+            if attn_mask is not None and attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(~attn_mask, float("-inf"))
+            elif attn_mask is not None:
+                scores = scores + attn_mask
+            weights = softmax(scores, dim=-1)
+            if dropout_p > 0:
+                weights = F.dropout(weights, dropout_p)
+            heads = weights @ v                                           # (B, h, T_q, d_k)
         else:
-            _check_no_empty_rows(attn_mask)
             heads = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p=dropout_p)
-        output = self.out_proj(self.merge_heads(heads))  # (B, L, d_model)
+        output = self.out_proj(self.merge_heads(heads))                   # (B, T_q, d_model)
         return (output, weights) if return_weights else output
 
     @classmethod

@@ -1,7 +1,8 @@
-"""Choosing the next word from the model's scores: greedy, temperature and top-k (chapter 5).
+"""Choosing the next word from the model's scores: greedy, temperature and top-k (chapter 5),
+and generating text with a language model (chapter 9).
 
-Chapter 5 introduces :func:`sample_next`; the generation loops of later chapters call it once per
-new token.
+Chapter 5 introduces :func:`sample_next`; :func:`generate` (chapter 9) calls it once per new
+token.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from minitransformer.attention import softmax
+from minitransformer import _checks
+from minitransformer.functional import softmax
 
 
 def sample_next(
@@ -71,3 +73,57 @@ def sample_next(
         return torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
     ids = torch.multinomial(flat, num_samples=1, generator=generator)  # (rows, 1)
     return ids.reshape(logits.shape[:-1])
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue each row of ``idx`` by ``max_new_tokens`` tokens, one at a time (chapter 9).
+
+    Each step runs the model on everything so far, takes the scores of the last position and
+    picks the next token with :func:`sample_next`. The model runs in eval mode (no dropout) and
+    is put back in the mode it was in.
+
+    Args:
+        model: a language model such as :class:`~minitransformer.gpt.GPT`: ``model(idx)``
+            returns ``(logits, loss)``, and ``model.config`` has ``vocab_size`` and
+            ``context_length``.
+        idx: ``(B, T)`` token ids, the prompt.
+        max_new_tokens: how many tokens to add; ``T + max_new_tokens <= context_length``.
+        temperature, top_k, generator: as for :func:`sample_next`; ``temperature=0`` is greedy.
+
+    Returns:
+        long tensor ``(B, T + max_new_tokens)``: the prompt followed by the new tokens.
+
+    Raises:
+        ValueError: more tokens than ``context_length`` allows in total, or a bad prompt,
+            temperature or ``top_k``.
+    """
+    config = model.config
+    _checks.check_token_ids("idx", idx, config.vocab_size, max_len=config.context_length)
+    _checks.check_int("max_new_tokens", max_new_tokens, low=0)
+    _checks.check_number("temperature", temperature, low=0.0)
+    if top_k is not None:
+        _checks.check_int("top_k", top_k)
+    total = idx.shape[1] + max_new_tokens
+    if total > config.context_length:
+        raise ValueError(f"the prompt's {idx.shape[1]} tokens plus max_new_tokens="
+                         f"{max_new_tokens} make {total}, more than context_length="
+                         f"{config.context_length}")
+    was_training = model.training
+    model.eval()
+    idx = idx.long()
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx)                                   # (B, T, N)
+        next_id = sample_next(logits[:, -1], temperature=temperature, top_k=top_k,
+                              generator=generator)               # (B,)
+        idx = torch.cat([idx, next_id[:, None]], dim=1)          # (B, T + 1)
+    model.train(was_training)
+    return idx

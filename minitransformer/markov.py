@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from minitransformer._checks import check_int
 from minitransformer.vocab import Vocabulary, tokenize
 
 
@@ -204,8 +205,8 @@ class SkipModel:
         return active @ self.table
 
 
-def sample(matrix: np.ndarray, vocab: Vocabulary, start: str, *, rng: np.random.Generator,
-           max_len: int = 20) -> list[str]:
+def walk_chain(matrix: np.ndarray, vocab: Vocabulary, start: str, *,
+               rng: np.random.Generator, max_len: int = 20) -> list[str]:
     """Generate a sentence by walking a first-order Markov model.
 
     Args:
@@ -219,6 +220,13 @@ def sample(matrix: np.ndarray, vocab: Vocabulary, start: str, *, rng: np.random.
     Returns:
         The words, starting with ``start``. The walk stops early at a word whose row is all
         zeros (a word never followed by anything).
+
+    Raises:
+        TypeError: ``vocab`` is not a Vocabulary, ``rng`` not a numpy Generator, ``max_len`` not
+            an int.
+        ValueError: a matrix of the wrong shape or with negative or non-finite entries, or
+            ``max_len`` below 1.
+        KeyError: ``start`` is not in the vocabulary.
     """
     _check_vocab(vocab)
     matrix = np.asarray(matrix, dtype=float)
@@ -231,8 +239,7 @@ def sample(matrix: np.ndarray, vocab: Vocabulary, start: str, *, rng: np.random.
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy Generator (np.random.default_rng(seed)), "
                         f"got {type(rng).__name__}")
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
-        raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
+    max_len = check_int("max_len", max_len)
     current = _word_ids([start], vocab, "start")[0]
     words = [vocab[current]]
     while len(words) < max_len:

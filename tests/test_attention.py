@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from minitransformer import MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention
+from minitransformer import (
+    MultiHeadAttention,
+    blocked_attention,
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+)
 from minitransformer.attention import QUERY_BLOCK
 
 # float32 at assert_close's defaults, float64 at 1e-12.
@@ -193,21 +199,26 @@ def test_sdpa_all_masked_row_is_a_clear_error_not_nan():
     q, k, v = random_qkv((2,), 3, 4, 8, 8, torch.float32)
     mask = torch.ones(3, 4, dtype=torch.bool)
     mask[1] = False
-    with pytest.raises(ValueError, match=r"query 1 of batch/head index \(0,\) has every key masked"):
+    with pytest.raises(ValueError, match=r"^query 1 has every key masked"):
         scaled_dot_product_attention(q, k, v, mask)
     bias = torch.zeros(3, 4)
     bias[2] = float("-inf")
-    with pytest.raises(ValueError, match=r"query 2 .* has every key masked"):
+    with pytest.raises(ValueError, match=r"^query 2 has every key masked"):
         scaled_dot_product_attention(q, k, v, bias)
 
 
-def test_sdpa_all_masked_row_in_a_later_block_names_its_position():
+@pytest.mark.parametrize("attend", [scaled_dot_product_attention, blocked_attention])
+def test_all_masked_row_in_a_later_block_names_its_position(attend):
     L = QUERY_BLOCK + 10
     q, k, v = random_qkv((), L, 4, 8, 8, torch.float32)
     mask = torch.ones(L, 4, dtype=torch.bool)
     mask[QUERY_BLOCK + 3] = False
     with pytest.raises(ValueError, match=rf"query {QUERY_BLOCK + 3} has every key masked"):
-        scaled_dot_product_attention(q, k, v, mask)
+        attend(q, k, v, mask)
+    batched = torch.ones(2, 3, L, 4, dtype=torch.bool)
+    batched[1, 2, 5] = False
+    with pytest.raises(ValueError, match=r"query 5 of attn_mask batch/head index \(1, 2\) has every"):
+        attend(q.expand(2, 3, L, 8), k, v, batched)
 
 
 def test_sdpa_rejects_bad_inputs():
@@ -222,20 +233,23 @@ def test_sdpa_rejects_bad_inputs():
         ((q.expand(3, 2, 3, 8), k.expand(4, 2, 4, 8), v), {}, ValueError,
          r"leading \(batch, head\) dimensions of query \(3, 2, 3, 8\), key \(4, 2, 4, 8\) and value "
          r"\(2, 4, 5\) do not broadcast"),
-        ((q[0, 0], k, v), {}, ValueError, r"query must have at least 2 dimensions .* got shape \(8,\)"),
+        ((q[0, 0], k, v), {}, ValueError, r"query must have at least 2 dimensions, got shape \(8,\)"),
         ((q, k, v, torch.ones(3, 5, dtype=torch.bool)), {}, ValueError,
-         r"attn_mask of shape \(3, 5\) does not broadcast to the scores \(\.\.\., L, S\) = \(2, 3, 4\)"),
+         r"attn_mask of shape \(3, 5\) does not broadcast to the scores \(\.\.\., T_q, T_k\) = \(2, 3, 4\)"),
         ((q, k, v, torch.ones(7, 2, 3, 4, dtype=torch.bool)), {}, ValueError,
          r"attn_mask of shape \(7, 2, 3, 4\) does not broadcast"),
         ((q, k, v, torch.ones(3, 4, dtype=torch.long)), {}, TypeError,
          r"attn_mask must be boolean .* got dtype torch.int64"),
         ((q, k, v, [[True] * 4] * 3), {}, TypeError, r"attn_mask must be a tensor, got list"),
-        ((q.long(), k, v), {}, TypeError, r"query must be a floating-point tensor, got dtype torch.int64"),
+        ((q.long(), k, v), {}, TypeError, r"query must be a floating-point tensor, got a tensor of dtype torch.int64"),
         ((q, k.tolist(), v), {}, TypeError, r"key must be a floating-point tensor, got list"),
-        ((q, k.double(), v), {}, TypeError, r"same dtype, got torch.float32, torch.float64"),
+        ((q, k.double(), v), {}, TypeError, r"query, key, value must have the same dtype, got query torch.float32, key torch.float64"),
         ((q, k, v), {"dropout_p": 1.0}, ValueError, r"dropout_p must be a number in \[0, 1\), got 1.0"),
         ((q, k, v), {"dropout_p": -0.1}, ValueError, r"dropout_p must be a number in \[0, 1\)"),
-        ((q, k, v), {"scale": "big"}, TypeError, r"scale must be a number or None, got str"),
+        ((q, k, v), {"scale": "big"}, TypeError, r"scale must be a number, got str"),
+        ((q, k, v, torch.zeros(3, 4, dtype=torch.float64)), {}, TypeError,
+         r"query, attn_mask must have the same dtype, got query torch.float32, attn_mask torch.float64"),
+        ((q, k, v), {"dropout_p": "0.1"}, TypeError, r"dropout_p must be a number in \[0, 1\), got str"),
     ]
     for args, kwargs, error, match in cases:
         with pytest.raises(error, match=match):
@@ -389,9 +403,11 @@ def test_mha_gradients_flow_through_both_paths():
 
 @pytest.mark.parametrize("args, kwargs, error, match", [
     ((10, 3), {}, ValueError, r"d_model must be divisible by num_heads, got d_model=10 and num_heads=3"),
-    ((0, 1), {}, ValueError, r"d_model must be a positive int, got 0"),
-    ((8, 0), {}, ValueError, r"num_heads must be a positive int, got 0"),
-    ((8.0, 2), {}, ValueError, r"d_model must be a positive int, got 8.0"),
+    ((0, 1), {}, ValueError, r"d_model must be at least 1, got 0"),
+    ((8, 0), {}, ValueError, r"num_heads must be at least 1, got 0"),
+    ((8.0, 2), {}, TypeError, r"d_model must be an int, got float \(8.0\)"),
+    ((8, 2), {"dropout": "0.1"}, TypeError, r"dropout must be a number in \[0, 1\), got str"),
+    ((8, 2), {"dtype": torch.int64}, TypeError, r"dtype must be a floating-point torch.dtype"),
     ((8, 2), {"dropout": 1.0}, ValueError, r"dropout must be a number in \[0, 1\), got 1.0"),
 ])
 def test_mha_rejects_bad_construction(args, kwargs, error, match):
@@ -411,9 +427,11 @@ def test_mha_forward_rejects_bad_inputs():
         ((x, memory, memory[:, :6]), {}, ValueError,
          r"key and value must have the same length, got key \(2, 7, 16\) and value \(2, 6, 16\)"),
         ((x, memory[:, :0]), {}, ValueError, r"key has no positions"),
-        ((x.long(),), {}, TypeError, r"query must be a floating-point tensor, got dtype torch.int64"),
+        ((x.long(),), {}, TypeError, r"query must be a floating-point tensor, got a tensor of dtype torch.int64"),
+        ((x, memory.double()), {}, TypeError, r"query, key, value must have the same dtype"),
+        ((x,), {"attn_mask": causal_mask(5).float()}, ValueError, r"only 0s and 1s.*attn_mask.bool\(\)"),
         ((x, memory), {"attn_mask": causal_mask(5)}, ValueError,
-         r"attn_mask of shape \(5, 5\) does not broadcast to the scores \(B, num_heads, L, S\) = \(2, 4, 5, 7\)"),
+         r"attn_mask of shape \(5, 5\) does not broadcast to the scores \(B, num_heads, T_q, T_k\) = \(2, 4, 5, 7\)"),
         ((x,), {"attn_mask": torch.ones(2, 5, 5, 5, dtype=torch.bool)}, ValueError,
          r"attn_mask of shape \(2, 5, 5, 5\) does not broadcast"),
     ]

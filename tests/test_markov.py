@@ -15,7 +15,7 @@ from minitransformer import (  # noqa: E402
     SkipModel,
     Vocabulary,
     chain_graph,
-    sample,
+    walk_chain,
     second_order_matrix,
     transition_matrix,
 )
@@ -144,11 +144,11 @@ def test_features_are_each_distinct_earlier_word_with_the_most_recent_word():
 def test_sampling_is_repeatable_and_follows_the_chain():
     vocab = Vocabulary.from_sentences(COMMANDS)
     matrix = transition_matrix(COMMANDS, vocab, weights=COMMAND_SHARES)
-    first = sample(matrix, vocab, "show", rng=np.random.default_rng(0))
-    assert first == sample(matrix, vocab, "show", rng=np.random.default_rng(0))
+    first = walk_chain(matrix, vocab, "show", rng=np.random.default_rng(0))
+    assert first == walk_chain(matrix, vocab, "show", rng=np.random.default_rng(0))
     assert first[:3] == ["show", "me", "my"] and first[-1] == "please" and len(first) == 5
     rng = np.random.default_rng(1)
-    middles = [sample(matrix, vocab, "show", rng=rng)[3] for _ in range(2000)]
+    middles = [walk_chain(matrix, vocab, "show", rng=rng)[3] for _ in range(2000)]
     shares = {w: middles.count(w) / len(middles) for w in ["directories", "files", "photos"]}
     assert shares == pytest.approx({"directories": 0.2, "files": 0.3, "photos": 0.5}, abs=0.04)
 
@@ -156,8 +156,8 @@ def test_sampling_is_repeatable_and_follows_the_chain():
 def test_sampling_stops_at_max_len():
     vocab = Vocabulary(["a", "b"])
     loop = np.array([[0.0, 1.0], [1.0, 0.0]])
-    assert sample(loop, vocab, "a", rng=np.random.default_rng(0), max_len=5) == ["a", "b", "a", "b", "a"]
-    assert sample(loop, vocab, "b", rng=np.random.default_rng(0), max_len=1) == ["b"]
+    assert walk_chain(loop, vocab, "a", rng=np.random.default_rng(0), max_len=5) == ["a", "b", "a", "b", "a"]
+    assert walk_chain(loop, vocab, "b", rng=np.random.default_rng(0), max_len=1) == ["b"]
 
 
 # --- invariants -------------------------------------------------------------------------
@@ -217,7 +217,7 @@ def test_without_room_to_skip_the_skip_model_is_the_second_order_model(sentences
 def test_samples_only_take_transitions_the_corpus_has(sentences, seed):
     vocab = Vocabulary(WORDS)
     matrix = transition_matrix(sentences, vocab)
-    words = sample(matrix, vocab, sentences[0][0], rng=np.random.default_rng(seed), max_len=12)
+    words = walk_chain(matrix, vocab, sentences[0][0], rng=np.random.default_rng(seed), max_len=12)
     assert 1 <= len(words) <= 12
     pairs = {(s[i], s[i + 1]) for s in sentences for i in range(len(s) - 1)}
     assert all(pair in pairs for pair in zip(words, words[1:]))
@@ -237,7 +237,7 @@ def test_a_word_outside_the_vocabulary_is_named():
     with pytest.raises(KeyError, match="'z' in the feature"):
         model.feature_index("z", "a")
     with pytest.raises(KeyError, match="'z' in start"):
-        sample(np.eye(2), vocab, "z", rng=np.random.default_rng(0))
+        walk_chain(np.eye(2), vocab, "z", rng=np.random.default_rng(0))
 
 
 def test_weights_must_match_the_sentences_and_sum_to_a_positive_number():
@@ -278,17 +278,27 @@ def test_a_mask_of_the_wrong_shape_or_kind_is_refused():
         model.votes(["a", "b"], mask=np.array(["x"] * 4))
 
 
-def test_sample_checks_matrix_rng_and_max_len():
+def test_walk_chain_checks_matrix_rng_and_max_len():
     vocab = Vocabulary(["a", "b"])
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match=r"shape \(2, 2\) for a vocabulary of 2 words, got \(3, 3\)"):
-        sample(np.eye(3), vocab, "a", rng=rng)
+        walk_chain(np.eye(3), vocab, "a", rng=rng)
     with pytest.raises(ValueError, match="finite, non-negative"):
-        sample(np.array([[0.5, -0.5], [1, 0]]), vocab, "a", rng=rng)
+        walk_chain(np.array([[0.5, -0.5], [1, 0]]), vocab, "a", rng=rng)
     with pytest.raises(TypeError, match="rng must be a numpy Generator"):
-        sample(np.eye(2), vocab, "a", rng=0)
-    with pytest.raises(ValueError, match="max_len must be a positive integer, got 0"):
-        sample(np.eye(2), vocab, "a", rng=rng, max_len=0)
+        walk_chain(np.eye(2), vocab, "a", rng=0)
+    with pytest.raises(ValueError, match="max_len must be at least 1, got 0"):
+        walk_chain(np.eye(2), vocab, "a", rng=rng, max_len=0)
+    with pytest.raises(TypeError, match=r"max_len must be an int, got float \(2.0\)"):
+        walk_chain(np.eye(2), vocab, "a", rng=rng, max_len=2.0)
+    assert walk_chain(np.eye(2), vocab, "a", rng=rng, max_len=np.int64(1)) == ["a"]
+
+
+def test_the_old_name_sample_is_gone():
+    import minitransformer
+    import minitransformer.markov
+    assert not hasattr(minitransformer, "sample")
+    assert not hasattr(minitransformer.markov, "sample")
 
 
 # --- the chain figure -------------------------------------------------------------------

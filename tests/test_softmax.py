@@ -82,7 +82,7 @@ def test_nan_and_plus_infinity_are_errors(bad):
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
 def test_integer_and_boolean_tensors_are_type_errors(dtype):
-    with pytest.raises(TypeError, match=f"floating-point tensor, got Tensor of dtype {dtype}"):
+    with pytest.raises(TypeError, match=f"floating-point tensor, got a tensor of dtype {dtype}"):
         softmax(torch.tensor([1, 0, 1]).to(dtype))
 
 

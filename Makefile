@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # Written after a successful install; older than requirements.txt or pyproject.toml means reinstall.
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test unit notebooks lab execute clean help
+.PHONY: book test unit notebooks lab execute clean help corpus
 
 help:
 	@echo "make book     build the HTML book into _build/html (creates .venv on first use)"
@@ -37,6 +37,10 @@ execute: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 		--ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=900 $(NB)
 	$(BIN)/jupyter nbconvert --to notebook --inplace --CoalesceStreamsPreprocessor.enabled=True $(NB)
+
+# Chapter 12's training text: the book's own prose, collected from the chapters' markdown.
+corpus:
+	$(PYTHON) tools/make_corpus.py
 
 clean:
 	rm -rf _build .pytest_cache

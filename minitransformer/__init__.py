@@ -9,6 +9,7 @@ from minitransformer.attention import (
     blocked_attention,
     scaled_dot_product_attention,
 )
+from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.device import default_device
 from minitransformer.functional import softmax
 from minitransformer.generate import sample_next
@@ -26,9 +27,11 @@ from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.vocab import Vocabulary, one_hot, tokenize
 
 __all__ = [
+    "BPETokenizer",
     "DecoderLayer",
     "EncoderLayer",
     "FeedForward",
+    "GPT2_PATTERN",
     "LayerNorm",
     "MultiHeadAttention",
     "SkipModel",

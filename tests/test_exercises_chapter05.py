@@ -88,3 +88,18 @@ def test_positional_vector_hints(wrong, hint, capsys):
 def test_apply_temperature_hints(wrong, hint, capsys):
     assert not check_apply_temperature(wrong)
     assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+def test_sines_then_cosines_gets_the_layout_hint(capsys):
+    def concatenated(pos, d_model):
+        i = torch.arange(d_model // 2, dtype=torch.float64)
+        angle = pos / 10000 ** (2 * i / d_model)
+        return torch.cat([torch.sin(angle), torch.cos(angle)]).float()
+
+    assert not check_positional_vector(concatenated)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1:")
+    assert out.rstrip("\n").endswith(
+        "Hint: you put all the sines first and all the cosines after them; the book's "
+        "encoding interleaves them: column 2i is the sine and column 2i + 1 the cosine of "
+        "one angle")

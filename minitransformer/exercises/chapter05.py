@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from minitransformer.attention import softmax
+from minitransformer import softmax
 from minitransformer.exercises import Checker
 from minitransformer.positional import sinusoidal_positional_encoding
 
@@ -92,6 +92,11 @@ def _by_formula(pos: int, d_model: int, exponent, first=math.sin, second=math.co
     return torch.tensor(values)
 
 
+def _sines_then_cosines(pos: int, d_model: int) -> Tensor:
+    angles = [pos / 10000.0 ** (2 * i / d_model) for i in range(d_model // 2)]
+    return torch.tensor([math.sin(a) for a in angles] + [math.cos(a) for a in angles])
+
+
 check_positional_vector = Checker(
     reference=_positional_vector,
     cases=[(1, 16), (0, 4), (5, 8), (37, 32)],
@@ -104,6 +109,9 @@ check_positional_vector = Checker(
         "columns 2i and 2i + 1 share one frequency, 10000 ** (2i / d_model); you used the "
         "column number in the exponent for both":
             lambda pos, d: _by_formula(pos, d, lambda c, d: c / d),
+        "you put all the sines first and all the cosines after them; the book's encoding "
+        "interleaves them: column 2i is the sine and column 2i + 1 the cosine of one angle":
+            _sines_then_cosines,
     },
     atol=1e-5,
 )

@@ -4,7 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from minitransformer.exercises import Checker, Verdict, difference, show
+from minitransformer.exercises import (
+    DTYPE_HINT,
+    Checker,
+    Verdict,
+    difference,
+    first_difference,
+    show,
+    show_input,
+    summary,
+)
 
 
 def _double(x):
@@ -115,7 +124,8 @@ def test_show_and_difference_are_stable():
     assert show(np.array([0.123456, -0.0])) == "[0.1235, 0.0]"
     assert show(torch.tensor([[1, 2]])) == "[[1, 2]]"
     assert show(torch.tensor([12.3, -2.0])) == "[12.3, -2.0]"  # float32, shown without float noise
-    assert show("x" * 500).endswith("…") and len(show("x" * 500)) == 160
+    assert show("x" * 500) == repr("x" * 500)  # nothing is cut off
+    assert show("x" * 500, limit=160).endswith("…") and len(show("x" * 500, limit=160)) == 160
     assert difference(np.eye(2), np.eye(2) + 1e-9) is None
     assert difference(np.eye(2), "eye") == "expected an array of numbers but got str"
 
@@ -130,4 +140,67 @@ def test_a_known_mistake_that_raises_the_same_error_adds_its_hint(capsys):
     out = capsys.readouterr().out
     assert "your function raised IndexError" in out and out.endswith("Hint: you picked columns; pick rows\n")
     assert not check(lambda table, ids: 1 / 0)  # a different error gets no hint
+    assert "Hint" not in capsys.readouterr().out
+
+
+# --- the deciding input is always shown (issue 14) ---------------------------------------
+
+
+def test_large_arrays_are_summarised_by_dtype_kind_and_shape():
+    assert summary(torch.zeros(13, 13)) == "float32 tensor of shape (13, 13)"
+    assert summary(np.zeros((7, 7), dtype=bool)) == "bool array of shape (7, 7)"
+    assert show(np.arange(16.0)).startswith("[0.0, 1.0")  # up to 16 entries: in full
+    assert show(np.arange(17.0)) == "float64 array of shape (17,)"
+
+
+def test_small_inputs_keep_their_order_large_ones_put_the_short_arguments_first():
+    assert show_input(([1, 2], 3)) == "([1, 2], 3)"
+    assert show_input((torch.ones(13, 13), [0.0, 1.0], 10), ["masks", "seen", "recent"]) == (
+        "(recent=10, seen=[0.0, 1.0], masks=float32 tensor of shape (13, 13))")
+    assert show_input((np.zeros((5, 5)), "ran")) == (
+        "(argument 2='ran', argument 1=float64 array of shape (5, 5))")
+
+
+def test_a_long_deciding_argument_is_never_cut(capsys):
+    words = ["check", "the", "program", "log", "and", "find", "out", "whether", "it", "ran"]
+    check = Checker(lambda table, prefix: np.asarray(table).sum() + len(prefix),
+                    cases=[(np.ones((20, 20)), words)])
+    assert not check(lambda table, prefix: 0.0)
+    out = capsys.readouterr().out
+    assert "prefix=['check', 'the', 'program', 'log', 'and', 'find', 'out', 'whether', 'it', " \
+           "'ran'], table=float64 array of shape (20, 20))" in out
+    assert "…" not in out
+
+
+def test_a_large_wrong_answer_names_its_first_wrong_entry(capsys):
+    check = Checker(lambda n: np.eye(n), cases=[(5,)])
+    assert not check(lambda n: np.eye(n)[::-1])
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input (5,) expected float64 array of shape (5, 5) but got float64 array "
+        "of shape (5, 5): at [0, 0] expected 1 but got 0 (8 of 25 entries differ)\n")
+    assert first_difference(np.eye(2), np.zeros(2)) is None  # small: shown in full instead
+
+
+def test_nan_in_an_answer_is_named(capsys):
+    check = Checker(lambda x: np.zeros(2), cases=[(1,)])
+    assert not check(lambda x: np.array([np.nan, 0.0]))
+    assert capsys.readouterr().out.endswith("(your answer contains NaN)\n")
+    assert difference(np.array([np.nan]), np.array([np.nan]), equal_nan=True) is None
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda masks, i: torch.tensor(np.eye(len(masks))[i]) @ masks,     # float64 @ float32
+    lambda masks, i: np.eye(len(masks))[i] @ masks,                   # numpy @ torch
+    lambda masks, i: torch.relu(np.eye(len(masks))[i]),               # numpy into torch
+])
+def test_mixing_numpy_and_torch_or_float64_and_float32_gets_a_dtype_hint(wrong, capsys):
+    check = Checker(lambda masks, i: masks[i], cases=[(torch.eye(3), 1)])
+    assert not check(wrong)
+    out = capsys.readouterr().out
+    assert "your function raised" in out and out.endswith(f"Hint: {DTYPE_HINT}\n")
+
+
+def test_other_errors_get_no_dtype_hint(capsys):
+    check = Checker(lambda masks, i: masks[i], cases=[(torch.eye(3), 1)])
+    assert not check(lambda masks, i: masks[i + 5])
     assert "Hint" not in capsys.readouterr().out

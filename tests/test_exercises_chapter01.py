@@ -63,7 +63,8 @@ def test_accepts_the_book_solution(name, capsys):
 
 
 def test_every_hint_is_reachable():
-    """Each wrong function differs from the reference on some case (else its hint is dead)."""
+    """Each wrong function differs from the reference, or raises, on some case (else its hint is
+    dead: a too-narrow one-hot, for one, can only raise or, on a square table, be right)."""
     for checker, _ in CHECKERS.values():
         for hint, wrong in checker.mistakes.items():
             differs = False
@@ -71,7 +72,8 @@ def test_every_hint_is_reachable():
                 try:
                     got = wrong(*args)
                 except Exception:
-                    continue
+                    differs = True
+                    break
                 want = checker.reference(*args)
                 if np.shape(got) != np.shape(want) or not np.allclose(got, want):
                     differs = True
@@ -246,53 +248,57 @@ def test_matmul_accepts_torch_tensors(capsys):
 # --- lookup_rows ---------------------------------------------------------------------------
 
 TABLE_CASE = ("✗ case 1: for input ([[11.0, 12.0, 13.0], [21.0, 22.0, 23.0], [31.0, 32.0, 33.0], "
-              "[41.0, 42.0, 43.0]], [0, 3, 2]) "
-              "expected [[11.0, 12.0, 13.0], [41.0, 42.0, 43.0], [31.0, 32.0, 33.0]]")
+              "[41.0, 42.0, 43.0]], [1, 2]) "
+              "expected [[21.0, 22.0, 23.0], [31.0, 32.0, 33.0]]")
 
 
 @pytest.mark.parametrize("wrong, got, hint", [
     (lambda t, ids: (one_hot(ids, len(t)) @ t).T,
-     "[[11.0, 41.0, 31.0], [12.0, 42.0, 32.0], [13.0, 43.0, 33.0]]",
+     "[[21.0, 31.0], [22.0, 32.0], [23.0, 33.0]] (expected shape (2, 3) but got shape (3, 2))",
      "the result is transposed: it needs one row per id"),
     (lambda t, ids: t[np.array(ids) - 1],
-     "[[41.0, 42.0, 43.0], [31.0, 32.0, 33.0], [21.0, 22.0, 23.0]]",
+     "[[11.0, 12.0, 13.0], [21.0, 22.0, 23.0]]",
      "off by one: ids count from 0, so id 0 is the first row of the table"),
     (lambda t, ids: one_hot(ids, len(t)),
-     "[[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]] "
-     "(expected shape (3, 3) but got shape (3, 4))",
+     "[[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]] "
+     "(expected shape (2, 3) but got shape (2, 4))",
      "you returned the one-hot matrix itself; multiply it by the table"),
-], ids=["transposed", "counting from one", "one-hot only"])
+    (lambda t, ids: np.asarray(t)[:, ids].T,          # indexing columns
+     "[[12.0, 22.0, 32.0, 42.0], [13.0, 23.0, 33.0, 43.0]] "
+     "(expected shape (2, 3) but got shape (2, 4))",
+     "you multiplied by the transposed table, so each id picked a column; keep the table as "
+     "it is (one_hot(ids, len(table)) @ table) and each id picks a row"),
+], ids=["transposed", "counting from one", "one-hot only", "columns"])
 def test_lookup_mistakes(wrong, got, hint, capsys):
     assert not check_lookup_rows(wrong)
     assert capsys.readouterr().out == f"{TABLE_CASE} but got {got}. Hint: {hint}\n"
 
 
-def test_lookup_columns_instead_of_rows(capsys):
-    # t[:, ids].T picks columns; it only runs when every id is a column index (the square case).
-    def columns(t, ids):
-        return t[:, [i % t.shape[1] for i in ids]].T
-
-    assert not check_lookup_rows(columns)
-    assert capsys.readouterr().out == (
-        "✗ case 1: for input ([[11.0, 12.0, 13.0], [21.0, 22.0, 23.0], [31.0, 32.0, 33.0], "
-        "[41.0, 42.0, 43.0]], [0, 3, 2]) expected [[11.0, 12.0, 13.0], [41.0, 42.0, 43.0], "
-        "[31.0, 32.0, 33.0]] but got [[11.0, 21.0, 31.0, 41.0], [11.0, 21.0, 31.0, 41.0], "
-        "[13.0, 23.0, 33.0, 43.0]] (expected shape (3, 3) but got shape (3, 4))\n")
+WIDTH_HINT = ("Hint: your one-hot rows are as wide as a row of the table (d entries); they need "
+              "one entry per row of the table, N = len(table), so that (n, N) @ (N, d) fits: "
+              "one_hot(ids, len(table))\n")
 
 
-def test_lookup_columns_hint_on_a_square_table(capsys):
-    def columns_for_square(t, ids):
-        t = np.asarray(t)
-        return t[:, ids].T if t.shape[0] == t.shape[1] else one_hot(ids, len(t)) @ t
+def test_lookup_with_a_one_hot_as_wide_as_a_row_gets_the_width_hint(capsys):
+    # issue 14: this learner used to be told "you pulled out columns"
+    assert not check_lookup_rows(lambda t, ids: one_hot(ids, t.shape[1]) @ t)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input ([[11.0, 12.0, 13.0], ")
+    assert "your function raised ValueError: matmul" in out and out.endswith(WIDTH_HINT)
+    assert "columns" not in out
 
-    assert not check_lookup_rows(columns_for_square)
-    assert capsys.readouterr().out == (
-        "✗ case 2: for input ([[11.0, 12.0, 13.0], [21.0, 22.0, 23.0], [31.0, 32.0, 33.0]], "
-        "[2, 0]) expected [[31.0, 32.0, 33.0], [11.0, 12.0, 13.0]] but got "
-        "[[13.0, 23.0, 33.0], [11.0, 21.0, 31.0]]. Hint: you pulled out columns of the table; "
-        "the one-hot rows select rows (one_hot @ table)\n")
+
+def test_lookup_with_the_learners_own_one_hot_of_width_d_gets_the_width_hint(capsys):
+    def narrow_one_hot_matrix(ids, size):
+        matrix = np.zeros((len(ids), size))
+        for row, i in enumerate(ids):
+            matrix[row, i] = 1.0
+        return matrix
+
+    assert not check_lookup_rows(lambda t, ids: narrow_one_hot_matrix(ids, t.shape[1]) @ t)
+    assert capsys.readouterr().out.endswith(WIDTH_HINT)
 
 
 def test_lookup_by_indexing_is_also_right(capsys):
     assert check_lookup_rows(lambda t, ids: np.asarray(t)[ids])
-    assert capsys.readouterr().out == "✓ all 5 checks passed\n"
+    assert capsys.readouterr().out == "✓ all 6 checks passed\n"

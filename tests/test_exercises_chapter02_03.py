@@ -1,6 +1,7 @@
 """The checkers of chapters 2 and 3 (minitransformer.exercises.chapter02 and chapter03)."""
 
 import numpy as np
+import pytest
 
 from minitransformer import Vocabulary, one_hot, tokenize
 from minitransformer.exercises import chapter02, chapter03
@@ -122,3 +123,21 @@ def test_the_book_case_of_masked_votes_is_the_certain_one():
     votes = chapter03._masked_votes(features, mask, table)
     vocab = Vocabulary.from_sentences(chapter03._LOGS)
     assert {vocab[i]: votes[i] for i in np.flatnonzero(votes)} == {"down": 1.0}
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the learner's 0 / 0
+def test_rows_of_nan_from_dividing_zero_by_zero_get_their_hint(capsys):
+    def divides_every_row(sentences, vocab):
+        n = len(vocab)
+        counts = np.zeros((n, n))
+        for sentence in sentences:
+            words = tokenize(sentence)
+            for a, b in zip(words, words[1:]):
+                counts[vocab.index(a), vocab.index(b)] += 1
+        return counts / counts.sum(axis=1, keepdims=True)
+
+    assert not check_build_transition_matrix(divides_every_row)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input (['Find my files.', 'Find my photos.', ")
+    assert "expected 0 but got nan" in out and "(your answer contains NaN)" in out
+    assert out.endswith("where=totals > 0)\n") and "Hint: rows of NaN: " in out

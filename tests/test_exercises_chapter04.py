@@ -1,7 +1,10 @@
 """The checkers of chapter 4: they accept correct answers and explain the plausible wrong ones."""
 
+import numpy as np
 import pytest
 import torch
+
+from minitransformer import one_hot
 
 from minitransformer.exercises.chapter04 import check_attend, check_feature_weights, check_feed_forward
 
@@ -77,7 +80,9 @@ def test_feature_weights_hints(capsys):
 
 
 @pytest.mark.parametrize("wrong, hint", [
-    (lambda x, w1, b1, w2, b2: (x @ w1 + b1) @ w2 + b2, "without the ReLU"),
+    (lambda x, w1, b1, w2, b2: (x @ w1 + b1) @ w2 + b2, "the ReLU is missing"),
+    (lambda x, w1, b1, w2, b2: (torch.relu(x @ w1) + b1) @ w2 + b2,
+     "the ReLU comes after the bias"),
     (lambda x, w1, b1, w2, b2: torch.relu((x @ w1 + b1) @ w2 + b2), "belongs between the two layers"),
     (lambda x, w1, b1, w2, b2: torch.relu(x @ w1) @ w2 + b2, "a bias is missing"),
 ])
@@ -89,3 +94,32 @@ def test_feed_forward_hints(wrong, hint, capsys):
 def test_feed_forward_transposed_weights_are_reported(capsys):
     assert not check_feed_forward(lambda x, w1, b1, w2, b2: torch.relu(x @ w1.T + b1) @ w2 + b2)
     assert "raised RuntimeError" in capsys.readouterr().out
+
+
+def test_relu_before_the_bias_is_not_told_that_negative_features_leak(capsys):
+    # issue 14: this learner used to get the hint meant for a missing ReLU
+    assert not check_feed_forward(lambda x, w1, b1, w2, b2: (torch.relu(x @ w1) + b1) @ w2 + b2)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: ")
+    assert "leak" not in out and "missing" not in out
+    assert "Hint: the ReLU comes after the bias: relu(x @ w1 + b1)" in out
+
+
+def _one_hot_from_numpy(masks, seen, recent):
+    # the package's one_hot is a float64 numpy array
+    return seen * (torch.tensor(one_hot([recent], len(masks))[0]) @ masks)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_one_hot_from_numpy, "your one-hot vector is float64"),
+    (lambda masks, seen, recent: seen * (np.eye(len(masks))[recent] @ masks),
+     "your one-hot vector is a numpy array and masks a torch tensor"),
+    (lambda masks, seen, recent: seen * (masks.T.double() @ torch.eye(len(masks))[recent]),
+     "torch will not mix numpy arrays with tensors, or float64"),      # the framework's hint
+])
+def test_attend_mixing_dtypes_gets_a_dtype_hint_not_just_a_runtime_error(wrong, hint, capsys):
+    assert not check_attend(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input (recent=10, seen=[")
+    assert "masks=float32 tensor of shape (13, 13))" in out
+    assert hint in out.split("Hint: ", 1)[1]

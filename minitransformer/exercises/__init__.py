@@ -8,14 +8,24 @@ reference solution's, and prints exactly one line:
 * ``✗ case 2: for input ([1, 2],) expected [...] but got [...]`` followed, where it helps, by a
   hint about the likely mistake (a transposed matrix, an off-by-one index, ...).
 
-A wrong shape, a wrong kind of number, or an exception raised by the learner's code is reported
-the same way and never crashes the notebook. Each chapter's checkers live in a module of this
-package named after the chapter, e.g. :mod:`minitransformer.exercises.chapter01`.
+The message names the deciding input in full. Small arguments are printed as they are; when an
+argument is a large array, the numbers and short arguments come first, each with its name, and
+the large arrays are summarised by dtype, kind and shape
+(``masks=float32 tensor of shape (13, 13)``). A large answer is summarised the same way, followed
+by the first entry where it differs from the expected one. A wrong shape, a wrong kind of number,
+NaN in the answer, or an exception raised by the learner's code is reported the same way and
+never crashes the notebook; an error from mixing numpy arrays with torch tensors, or float64 with
+float32, comes with a hint about dtypes.
+Each chapter's checkers live in a module of this package named after the chapter, e.g.
+:mod:`minitransformer.exercises.chapter01`.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
+import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,35 +81,86 @@ def _to_numpy(value: Any) -> Any:
     return value
 
 
-def show(value: Any, limit: int = 160) -> str:
-    """A short, stable text for a value in a checker message (4 decimals, one line)."""
-    if isinstance(value, tuple):  # the arguments of a case, shown one by one
-        text = "(" + ", ".join(show(v, limit) for v in value) + ("," if len(value) == 1 else "") + ")"
-        return text if len(text) <= limit else text[: limit - 1] + "…"
-    value = _to_numpy(value)
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind == "f":  # float64 first, or float32 prints as 12.300000190734863
-            value = np.round(value.astype(np.float64), 4) + 0.0  # + 0.0 turns -0.0 into 0.0
-        text = repr(value.tolist())
-    elif isinstance(value, (float, np.floating)):
-        text = f"{float(value):.4g}"
-    elif isinstance(value, (np.integer, np.bool_)):  # 28, not np.int64(28)
-        text = repr(value.item())
-    elif isinstance(value, dict):
-        text = "{" + ", ".join(f"{k!r}: {show(v, limit)}" for k, v in value.items()) + "}"
+#: Arrays with more entries than this are summarised by kind, dtype and shape in messages.
+SHOW_AT_MOST = 16
+
+
+def _is_large(value: Any) -> bool:
+    array = _to_numpy(value)
+    return isinstance(array, np.ndarray) and array.size > SHOW_AT_MOST
+
+
+def summary(value: Any) -> str:
+    """``float32 tensor of shape (13, 13)``: what a large array is, without its numbers."""
+    if hasattr(value, "detach") and hasattr(value, "dtype"):
+        kind, dtype = "tensor", str(value.dtype).removeprefix("torch.")
     else:
-        text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+        array = np.asarray(value)
+        kind = "array" if isinstance(value, np.ndarray) else type(value).__name__
+        dtype = str(array.dtype)
+    return f"{dtype} {kind} of shape {tuple(np.shape(_to_numpy(value)))}"
+
+
+def show(value: Any, limit: int | None = None) -> str:
+    """A stable one-line text for a value in a checker message (4 decimals).
+
+    Arrays of more than :data:`SHOW_AT_MOST` entries are summarised (:func:`summary`); everything
+    else is shown in full. ``limit``, if given, cuts the text to that many characters.
+    """
+    if isinstance(value, tuple):  # the arguments of a case, shown one by one
+        text = "(" + ", ".join(show(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    elif _is_large(value):
+        text = summary(value)
+    else:
+        value = _to_numpy(value)
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind == "f":  # float64 first, or float32 prints as 12.300000190734863
+                value = np.round(value.astype(np.float64), 4) + 0.0  # + 0.0: -0.0 becomes 0.0
+            text = repr(value.tolist())
+        elif isinstance(value, (float, np.floating)):
+            text = f"{float(value):.4g}"
+        elif isinstance(value, (np.integer, np.bool_)):  # 28, not np.int64(28)
+            text = repr(value.item())
+        elif isinstance(value, dict):
+            text = "{" + ", ".join(f"{k!r}: {show(v)}" for k, v in value.items()) + "}"
+        else:
+            text = repr(value)
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, str, np.integer, np.floating, np.bool_))
+
+
+def show_input(args: tuple, names: Sequence[str] | None = None) -> str:
+    """The arguments of a case, so that the one that decides is always readable.
+
+    Small arguments are shown as a tuple, in order: ``([1, 2], 3)``. When one of them is a large
+    array, the arguments are named and reordered: numbers and strings first, then the other small
+    ones, then the large arrays by their :func:`summary`:
+    ``(recent=10, seen=[...], masks=float32 tensor of shape (13, 13))``.
+    """
+    if not any(_is_large(value) for value in args):
+        return show(tuple(args))
+    if names is None or len(names) != len(args):
+        names = [f"argument {number}" for number in range(1, len(args) + 1)]
+    order = sorted(range(len(args)),
+                   key=lambda i: (0 if _is_scalar(args[i]) else 2 if _is_large(args[i]) else 1, i))
+    return "(" + ", ".join(f"{names[i]}={show(args[i])}" for i in order) + ")"
 
 
 _KINDS = {"b": "boolean", "i": "integer", "u": "integer", "f": "float", "c": "complex"}
 
 
-def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-5) -> str | None:
+def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-5,
+               equal_nan: bool = False) -> str | None:
     """Why ``got`` is not ``expected``, in words, or ``None`` when they agree.
 
     Arrays and tensors must have the same shape and kind of number (integer vs float vs boolean)
-    and equal values within the tolerances; other values must compare equal.
+    and equal values within the tolerances; other values must compare equal. NaN never equals
+    anything unless ``equal_nan`` (used to compare two wrong answers with each other).
     """
     got_type = type(got).__name__
     expected, got = _to_numpy(expected), _to_numpy(got)
@@ -118,17 +179,22 @@ def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-
         if want != have:
             return f"expected {want} values but got {have} values ({got_array.dtype})"
         if want == "float":
-            same = np.allclose(got_array, expected, atol=atol, rtol=rtol, equal_nan=False)
+            same = np.allclose(got_array, expected, atol=atol, rtol=rtol, equal_nan=equal_nan)
         else:
             same = np.array_equal(got_array, expected)
-        return None if same else "values differ"
+        if same:
+            return None
+        if want == "float" and np.isnan(got_array).any() and not np.isnan(expected).any():
+            return "your answer contains NaN"
+        return "values differ"
     if isinstance(expected, (float, np.floating)) or (
         isinstance(expected, (int, np.integer)) and isinstance(got, (float, np.floating))
     ):
         if got is None or isinstance(got, (str, bytes)):
             return f"expected a number but got {show(got)}"
         try:
-            same = bool(np.isclose(float(got), float(expected), atol=atol, rtol=rtol))
+            same = bool(np.isclose(float(got), float(expected), atol=atol, rtol=rtol,
+                                   equal_nan=equal_nan))
         except (TypeError, ValueError):
             return f"expected a number but got {got_type}"
         return None if same else "values differ"
@@ -137,6 +203,46 @@ def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-
     except Exception:  # a comparison that itself fails counts as a difference
         same = False
     return None if same else "values differ"
+
+
+def first_difference(expected: Any, got: Any, *, atol: float = 1e-6,
+                     rtol: float = 1e-5) -> str | None:
+    """Where two large arrays of the same shape first differ, e.g. ``at [5, 0] expected 0.0 but
+    got nan (7 of 49 entries differ)``; ``None`` for anything else."""
+    if not (_is_large(expected) or _is_large(got)):
+        return None
+    want, have = _to_numpy(expected), _to_numpy(got)
+    try:
+        have = np.asarray(have)
+        if have.shape != want.shape or have.dtype.kind not in "biuf":
+            return None
+        wrong = ~np.isclose(have.astype(float), want.astype(float), atol=atol, rtol=rtol)
+    except (TypeError, ValueError):
+        return None
+    if not wrong.any():
+        return None
+    where = tuple(int(i) for i in np.argwhere(wrong)[0])
+    return (f"at {list(where)} expected {show(want[where])} but got {show(have[where])} "
+            f"({int(wrong.sum())} of {wrong.size} entries differ)")
+
+
+# Errors that come from mixing numpy arrays with torch tensors, or float64 with float32.
+_DTYPE_ERRORS = re.compile(
+    r"dtype|scalar type|Double|Float|Half|Long"  # torch: "same dtype, but got: double != float"
+    r"|numpy\.ndarray' and 'Tensor|Tensor' and 'numpy\.ndarray"  # numpy @ tensor
+    r"|must be Tensor, not numpy|not numpy\.ndarray|can't convert np\.ndarray")
+
+DTYPE_HINT = ("torch will not mix numpy arrays with tensors, or float64 (double) with float32 "
+              "(float) numbers: build every array as a tensor of the inputs' dtype and device, "
+              "e.g. torch.zeros(n, dtype=x.dtype, device=x.device), or convert one with "
+              "torch.as_tensor(a, dtype=x.dtype)")
+
+
+def dtype_hint(error: BaseException) -> str | None:
+    """The hint for an error that comes from mixing dtypes or numpy with torch, else ``None``."""
+    if isinstance(error, (RuntimeError, TypeError)) and _DTYPE_ERRORS.search(str(error)):
+        return DTYPE_HINT
+    return None
 
 
 @dataclass
@@ -175,42 +281,60 @@ class Checker:
             return Verdict(False, f"{FAIL} expected a function but got {type(function).__name__}")
         for number, args in enumerate(self.cases, start=1):
             expected = self.reference(*copy.deepcopy(args))
+            shown = show_input(args, self._names())
             try:
                 got = function(*copy.deepcopy(args))
             except NotImplementedError:
                 return Verdict(False, f"{FAIL} not implemented yet")
             except Exception as exc:  # the learner's bug, reported, never raised
-                message = (f"{FAIL} case {number}: for input {show(args)} your function raised "
+                message = (f"{FAIL} case {number}: for input {shown} your function raised "
                            f"{type(exc).__name__}: {exc}")
                 return Verdict(False, self._with_hint(message, args, error=exc))
             problem = difference(expected, got, atol=self.atol, rtol=self.rtol)
             if problem is None:
                 continue
-            message = (f"{FAIL} case {number}: for input {show(args)} expected {show(expected)} "
+            message = (f"{FAIL} case {number}: for input {shown} expected {show(expected)} "
                        f"but got {show(got)}")
+            where = first_difference(expected, got, atol=self.atol, rtol=self.rtol)
+            if where is not None:
+                message += f": {where}"
             if problem != "values differ":
                 message += f" ({problem})"
             return Verdict(False, self._with_hint(message, args, got=got))
         return Verdict(True, f"{PASS} all {len(self.cases)} checks passed")
+
+    def _names(self) -> list[str] | None:
+        """The reference's parameter names, used to label the arguments of a large case."""
+        try:
+            return list(inspect.signature(self.reference).parameters)
+        except (TypeError, ValueError):
+            return None
 
     def _with_hint(self, message: str, args: tuple, *, got: Any = None,
                    error: Exception | None = None) -> str:
         """Add the hint of the first known mistake that behaves like the learner's function.
 
         A mistake matches when it returns the same answer, or, for a learner's function that
-        raised, when it raises the same kind of error with the same message.
+        raised, when it raises the same kind of error with the same message. An error from mixing
+        numpy with torch or float64 with float32 that no listed mistake explains gets
+        :data:`DTYPE_HINT`.
         """
         for hint, wrong in self.mistakes.items():
             try:
-                answer = wrong(*copy.deepcopy(args))
+                with warnings.catch_warnings(), np.errstate(all="ignore"):
+                    warnings.simplefilter("ignore")  # a known mistake may divide 0 by 0
+                    answer = wrong(*copy.deepcopy(args))
             except Exception as wrong_error:
                 matches = error is not None and type(wrong_error) is type(error) \
                     and str(wrong_error) == str(error)
             else:
                 matches = error is None and difference(answer, got, atol=self.atol,
-                                                       rtol=self.rtol) is None
+                                                       rtol=self.rtol, equal_nan=True) is None
             if matches:
                 return f"{message}. Hint: {hint}"
+        general = dtype_hint(error) if error is not None else None
+        if general is not None:
+            return f"{message}. Hint: {general}"
         return message
 
     def __call__(self, function: Callable[..., Any]) -> Verdict:

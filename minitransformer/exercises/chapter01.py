@@ -3,10 +3,11 @@
 Each ``check_<thing>`` is called with the learner's function and prints one line (see
 :mod:`minitransformer.exercises`):
 
-* :data:`check_one_hot_matrix` -- ``one_hot_matrix(ids, size)``: the one-hot matrix of a sentence.
-* :data:`check_dot_product` -- ``dot_product(a, b)``: multiply pair by pair, then add.
-* :data:`check_matmul` -- ``matmul(A, B)``: a matrix product built from dot products.
-* :data:`check_lookup_rows` -- ``lookup_rows(table, ids)``: pull rows out of a table by
+* :data:`check_one_hot_matrix` -- ``my_one_hot_matrix(ids, size)``: the one-hot matrix of a
+  sentence.
+* :data:`check_dot_product` -- ``my_dot_product(a, b)``: multiply pair by pair, then add.
+* :data:`check_matmul` -- ``my_matmul(A, B)``: a matrix product built from dot products.
+* :data:`check_lookup_rows` -- ``my_lookup_rows(table, ids)``: pull rows out of a table by
   multiplying it with one-hot rows.
 """
 
@@ -167,7 +168,13 @@ def _lookup_one_based(table, ids):
 
 
 def _lookup_columns(table, ids):
-    return _lookup_rows(np.asarray(table).T, ids)
+    # one-hot rows as wide as a table row, times the transposed table: each id picks a column
+    return one_hot(ids, np.shape(table)[1]) @ np.asarray(table, dtype=float).T
+
+
+def _one_hot_as_wide_as_a_row(table, ids):
+    # one-hot rows with d entries (a table row's width) instead of N (the number of rows)
+    return one_hot(ids, np.shape(table)[1]) @ np.asarray(table, dtype=float)
 
 
 def _only_one_hot(table, ids):
@@ -175,13 +182,15 @@ def _only_one_hot(table, ids):
 
 
 # Row r of this table holds 10 r + 1, 10 r + 2, 10 r + 3: the tens digit names the row (1 to 4).
-_TABLE = np.array([[11.0, 12.0, 13.0], [21.0, 22.0, 23.0], [31.0, 32.0, 33.0], [41.0, 42.0, 43.0]])
+_TABLE = np.array([[11.0, 12.0, 13.0], [21.0, 22.0, 23.0], [31.0, 32.0, 33.0],
+                   [41.0, 42.0, 43.0]])
 _WORD_TABLE = np.array([[0.1, 0.9], [0.8, 0.3], [-0.5, 0.2], [0.4, -0.7],
                         [0.6, 0.6], [-0.2, -0.4], [1.0, 0.0]])          # 7 words, 2 features
 
 check_lookup_rows = Checker(
     reference=_lookup_rows,
     cases=[
+        (_TABLE, [1, 2]),      # first: ids below d = 3 tell a too-narrow one-hot from others
         (_TABLE, [0, 3, 2]),                      # rows 1, 4 and 3, as in the book
         (_TABLE[:3], [2, 0]),                     # a square table
         (_WORD_TABLE, [6, 2, 3, 1, 5]),           # "show me my files please"
@@ -191,8 +200,11 @@ check_lookup_rows = Checker(
     mistakes={
         "the result is transposed: it needs one row per id": _lookup_transposed,
         "off by one: ids count from 0, so id 0 is the first row of the table": _lookup_one_based,
-        "you pulled out columns of the table; the one-hot rows select rows (one_hot @ table)":
-            _lookup_columns,
+        "your one-hot rows are as wide as a row of the table (d entries); they need one entry "
+        "per row of the table, N = len(table), so that (n, N) @ (N, d) fits: "
+        "one_hot(ids, len(table))": _one_hot_as_wide_as_a_row,
+        "you multiplied by the transposed table, so each id picked a column; keep the table as "
+        "it is (one_hot(ids, len(table)) @ table) and each id picks a row": _lookup_columns,
         "you returned the one-hot matrix itself; multiply it by the table": _only_one_hot,
     },
 )

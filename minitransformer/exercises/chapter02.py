@@ -3,12 +3,13 @@
 Each ``check_<thing>`` is called with the learner's function and prints one line (see
 :mod:`minitransformer.exercises`):
 
-* :data:`check_build_transition_matrix` -- ``build_transition_matrix(sentences, vocab)``: count
+* :data:`check_build_transition_matrix` -- ``my_transition_matrix(sentences, vocab)``: count
   which word follows which, then turn each row into probabilities.
-* :data:`check_next_word_probabilities` -- ``next_word_probabilities(matrix, vocab, word)``: pull
-  a word's row out of a transition matrix with a one-hot vector.
-* :data:`check_second_order_row` -- ``second_order_row(matrix, vocab, earlier, recent)``: the row
-  of a pair of words in a second-order matrix.
+* :data:`check_next_word_probabilities` --
+  ``my_next_word_probabilities(matrix, vocab, word)``: pull a word's row out of a transition
+  matrix with a one-hot vector.
+* :data:`check_second_order_row` -- ``my_second_order_row(matrix, vocab, earlier, recent)``:
+  the row of a pair of words in a second-order matrix.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def _columns_normalized(sentences, vocab):
     return np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
 
 
+def _zero_rows_divided(sentences, vocab):
+    counts = _pair_counts(sentences, vocab)
+    return counts / counts.sum(axis=1, keepdims=True)      # 0 / 0 = NaN for a word never followed
+
+
 def _all_normalized(sentences, vocab):
     counts = _pair_counts(sentences, vocab)
     return counts / counts.sum()
@@ -64,6 +70,10 @@ check_build_transition_matrix = Checker(
         (["a b a c"], Vocabulary(["a", "b", "c", "d"])),  # d never occurs: a row of zeros
     ],
     mistakes={
+        "rows of NaN: a word that is never followed by anything (the last word of a sentence) "
+        "has a row total of 0, and 0 / 0 is NaN. Leave such a row as zeros, e.g. "
+        "np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)":
+            _zero_rows_divided,
         "these are the raw counts: divide each row by its total so it sums to one": _pair_counts,
         "you divided the counts by the total of the whole matrix; each row (current word) is its "
         "own probability distribution": _all_normalized,

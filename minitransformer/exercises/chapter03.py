@@ -3,12 +3,12 @@
 Each ``check_<thing>`` is called with the learner's function and prints one line (see
 :mod:`minitransformer.exercises`):
 
-* :data:`check_active_features` -- ``active_features(prefix, vocab)``: the 0/1 feature vector of
-  a prefix, one 1 for each distinct earlier word paired with the most recent word.
-* :data:`check_masked_votes` -- ``masked_votes(features, mask, table)``: hide features with a
-  mask, then add up the rows of the ones left.
-* :data:`check_design_mask` -- ``design_mask(vocab, keep)``: a boolean mask that keeps only the
-  listed (earlier, recent) features.
+* :data:`check_active_features` -- ``my_active_features(prefix, vocab)``: the 0/1 feature
+  vector of a prefix, one 1 for each distinct earlier word paired with the most recent word.
+* :data:`check_masked_votes` -- ``my_masked_votes(features, mask, table)``: hide features with
+  a mask, then add up the rows of the ones left.
+* :data:`check_design_mask` -- ``my_feature_mask(vocab, keep)``: a boolean mask that keeps only
+  the listed (earlier, recent) features.
 """
 
 from __future__ import annotations

@@ -3,16 +3,17 @@
 Each ``check_<thing>`` is called with the learner's function and prints one line (see
 :mod:`minitransformer.exercises`):
 
-* :data:`check_attend` -- ``attend(masks, seen, recent)``: pull the most recent word's mask out of
-  the stacked masks with a one-hot vector, and apply it to the words seen so far.
-* :data:`check_feature_weights` -- ``feature_weights(present, absent, vocab_size)``: the weight row
-  and bias of a hand-set feature that fires for one combination of words.
-* :data:`check_feed_forward` -- ``feed_forward(x, w1, b1, w2, b2)``: feature creation, ReLU,
+* :data:`check_attend` -- ``my_attend(masks, seen, recent)``: pull the most recent word's mask
+  out of the stacked masks with a one-hot vector, and apply it to the words seen so far.
+* :data:`check_feature_weights` -- ``my_feature_weights(present, absent, vocab_size)``: the
+  weight row and bias of a hand-set feature that fires for one combination of words.
+* :data:`check_feed_forward` -- ``my_feed_forward(x, w1, b1, w2, b2)``: feature creation, ReLU,
   transition.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -59,6 +60,15 @@ def _attend(masks: Tensor, seen: Tensor, recent: int) -> Tensor:
     return seen * (query @ masks)
 
 
+def _numpy_one_hot_as_tensor(masks, seen, recent):
+    # np.eye / one_hot give float64; torch.tensor keeps it, and float64 @ float32 fails
+    return seen * (torch.tensor(np.eye(masks.shape[0])[recent]) @ masks)
+
+
+def _numpy_one_hot(masks, seen, recent):
+    return seen * (np.eye(masks.shape[0])[recent] @ masks)   # numpy @ tensor: a TypeError
+
+
 check_attend = Checker(
     reference=_attend,
     cases=[
@@ -76,6 +86,13 @@ check_attend = Checker(
             lambda masks, seen, recent: seen * masks[:, recent],
         "a mask is applied by multiplying, not by adding":
             lambda masks, seen, recent: seen + masks[recent],
+        "your one-hot vector is float64 (numpy's default, kept by torch.tensor) and masks is "
+        "float32; torch multiplies only equal dtypes. Build it as "
+        "torch.zeros(len(masks), dtype=masks.dtype), or convert it with "
+        "torch.as_tensor(vector, dtype=masks.dtype)": _numpy_one_hot_as_tensor,
+        "your one-hot vector is a numpy array and masks a torch tensor, and @ does not mix them. "
+        "Build it as a tensor: torch.zeros(len(masks), dtype=masks.dtype), then set entry "
+        "recent to 1": _numpy_one_hot,
     },
 )
 
@@ -154,14 +171,19 @@ def _random_weights(seed: int, d_model: int, d_ff: int, batch: tuple[int, ...]) 
 check_feed_forward = Checker(
     reference=_feed_forward,
     cases=[
+        # Only "battery" seen: x @ w1 = [1, -1], so where the ReLU sits changes the answer.
+        (_multi_hot(["battery"]), *_chapter_weights()),
         (_multi_hot(["battery", "ran"]), *_chapter_weights()),
         (_multi_hot(["program", "ran"]), *_chapter_weights()),
         _random_weights(seed=0, d_model=4, d_ff=4, batch=(3,)),
         _random_weights(seed=1, d_model=3, d_ff=6, batch=(2, 5)),
     ],
     mistakes={
-        "without the ReLU, negative features leak through: apply torch.relu to x @ w1 + b1":
-            lambda x, w1, b1, w2, b2: (x @ w1 + b1) @ w2 + b2,
+        "the ReLU comes after the bias: relu(x @ w1 + b1). Applied before it, the bias can push "
+        "a feature below zero again (here -1 instead of 0)":
+            lambda x, w1, b1, w2, b2: (torch.relu(x @ w1) + b1) @ w2 + b2,
+        "the ReLU is missing, so a feature can be negative and subtract votes: apply torch.relu "
+        "to x @ w1 + b1": lambda x, w1, b1, w2, b2: (x @ w1 + b1) @ w2 + b2,
         "the ReLU belongs between the two layers, not after the second one":
             lambda x, w1, b1, w2, b2: torch.relu((x @ w1 + b1) @ w2 + b2),
         "you used w1.T: with x of shape (..., d_model), x @ w1 needs w1 of shape (d_model, d_ff)":

@@ -114,12 +114,15 @@ def train_merges_incremental(pieces: Iterable[Sequence[int]], num_merges: int, *
     weights = Counter(tuple(piece) for piece in pieces)
     tok, nxt, prv, weight = [], [], [], []
     for piece, w in weights.items():
-        start = len(tok)
-        for k, t in enumerate(piece):
-            tok.append(t)
-            nxt.append(start + k + 1 if k + 1 < len(piece) else -1)
-            prv.append(start + k - 1 if k > 0 else -1)
-            weight.append(w)
+        if not piece:
+            continue
+        start, end = len(tok), len(tok) + len(piece)
+        tok.extend(piece)
+        nxt.extend(range(start + 1, end + 1))
+        nxt[-1] = -1
+        prv.extend(range(start - 1, end - 1))
+        prv[start] = -1
+        weight.extend([w] * len(piece))
     counts: Counter[Pair] = Counter()
     where: dict[Pair, set[int]] = {}
     for i, j in enumerate(nxt):
@@ -190,24 +193,25 @@ def _encode_by_rank(ids: list[int], ranks: dict[Pair, int]) -> list[int]:
     prv = list(range(-1, n - 1))
     heap = [(ranks[p], i) for i, p in enumerate(zip(ids, ids[1:])) if p in ranks]
     heapq.heapify(heap)
+    pop, push, rank_of = heapq.heappop, heapq.heappush, ranks.get
     while heap:
-        new_id, i = heapq.heappop(heap)
+        new_id, i = pop(heap)
         j = nxt[i]
-        if ids[i] < 0 or j < 0 or ranks.get((ids[i], ids[j])) != new_id:
-            continue  # stale entry
+        if j < 0 or rank_of((ids[i], ids[j])) != new_id:
+            continue  # stale: i was merged away, or its pair changed
         after = nxt[j]
         ids[i], ids[j] = new_id, -1
         nxt[i] = after
         if after >= 0:
             prv[after] = i
-            rank = ranks.get((new_id, ids[after]))
+            rank = rank_of((new_id, ids[after]))
             if rank is not None:
-                heapq.heappush(heap, (rank, i))
+                push(heap, (rank, i))
         before = prv[i]
         if before >= 0:
-            rank = ranks.get((ids[before], new_id))
+            rank = rank_of((ids[before], new_id))
             if rank is not None:
-                heapq.heappush(heap, (rank, before))
+                push(heap, (rank, before))
     return [t for t in ids if t >= 0]
 
 

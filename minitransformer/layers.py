@@ -450,13 +450,13 @@ def _torch_settings(module: nn.Module, with_bias: list[str],
     norms_without_weight = [name for name in with_bias
                             if name.startswith("norm") and getattr(module, name).weight is None]
     if norms_without_weight:
-        raise ValueError(f"from_torch needs layer norms with a weight and bias "
-                         f"(elementwise_affine=True), but {', '.join(norms_without_weight)} "
-                         f"have none")
+        raise ValueError(f"from_torch needs layer norms with a weight and a bias "
+                         f"(elementwise_affine=True); without them: "
+                         f"{', '.join(norms_without_weight)}")
     if any(getattr(module, name).bias is None for name in with_bias):
         missing = [name for name in with_bias if getattr(module, name).bias is None]
-        raise ValueError(f"from_torch needs biases everywhere (bias=True), but "
-                         f"{', '.join(missing)} have none")
+        raise ValueError(f"from_torch needs a layer with biases (bias=True); without a bias: "
+                         f"{', '.join(missing)}")
     probabilities = {name: getattr(module, name).p for name in dropouts}
     probabilities["self_attn.dropout"] = module.self_attn.dropout
     if len(set(probabilities.values())) > 1:

@@ -5,9 +5,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+import torch.nn.functional as F
 from torch import nn
 
-from minitransformer import FeedForward, SkipModel, Vocabulary
+from minitransformer import (DecoderLayer, EncoderLayer, FeedForward, LayerNorm, SkipModel,
+                             Vocabulary, causal_mask, padding_mask)
 
 SENTENCES = ["Check the program log and find out whether it ran please.",
              "Check the battery log and find out whether it ran down please."]
@@ -182,3 +184,357 @@ def test_set_weights_checks_shapes_and_types():
         block.set_weights(**{**good, "b1": [0.0, 0.0]})
     assert block.set_weights(**good) is block
     assert block(torch.ones(3)).tolist() == [0.0, 0.0, 0.0]
+
+
+# --- LayerNorm (chapter 8) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("eps", [1e-5, 1e-2, 0.5])
+def test_layer_norm_equals_pytorchs(dtype, eps):
+    _ = torch.manual_seed(0)
+    theirs = nn.LayerNorm(8, eps=eps, dtype=dtype)
+    with torch.no_grad():                      # not the trivial ones and zeros
+        theirs.weight.normal_()
+        theirs.bias.normal_()
+    ours = LayerNorm(8, eps=eps, dtype=dtype)
+    ours.load_state_dict(theirs.state_dict())
+    x = 3 * torch.randn(2, 5, 8, dtype=dtype) + 1
+    torch.testing.assert_close(ours(x), theirs(x))
+    assert ours(x).dtype == dtype
+
+
+def test_layer_norm_gives_mean_0_and_variance_1_before_scale_and_shift():
+    _ = torch.manual_seed(0)
+    y = LayerNorm(16, dtype=torch.float64)(5 * torch.randn(4, 16, dtype=torch.float64) - 2)
+    torch.testing.assert_close(y.mean(dim=-1), torch.zeros(4, dtype=torch.float64))
+    # the biased variance (divide by d_model), as nn.LayerNorm uses; eps makes it a bit below 1
+    torch.testing.assert_close(y.var(dim=-1, correction=0), torch.ones(4, dtype=torch.float64),
+                               atol=1e-5, rtol=0)
+
+
+def test_layer_norm_of_a_constant_vector_is_the_bias_not_nan():
+    norm = LayerNorm(4)
+    with torch.no_grad():
+        norm.bias.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert norm(torch.full((2, 4), 7.0)).tolist() == [[1.0, 2.0, 3.0, 4.0]] * 2
+
+
+def test_layer_norm_gradients_equal_pytorchs():
+    _ = torch.manual_seed(0)
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    theirs = nn.LayerNorm(6, dtype=torch.float64)
+    ours = LayerNorm(6, dtype=torch.float64)
+    (grad_ours,) = torch.autograd.grad(ours(x).pow(3).sum(), x)
+    (grad_theirs,) = torch.autograd.grad(theirs(x).pow(3).sum(), x)
+    torch.testing.assert_close(grad_ours, grad_theirs)
+
+
+def test_layer_norm_checks_its_input_and_arguments():
+    with pytest.raises(ValueError, match=r"x must have last dimension 4, got shape \(3, 1\)"):
+        LayerNorm(4)(torch.zeros(3, 1))        # would broadcast silently to (3, 4)
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        LayerNorm(4)(torch.zeros(3, 4, dtype=torch.int64))
+    with pytest.raises(TypeError, match="must have the same dtype"):
+        LayerNorm(4)(torch.zeros(3, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="eps must be positive, got 0"):
+        LayerNorm(4, eps=0)
+    with pytest.raises(TypeError, match="d_model must be an int"):
+        LayerNorm(4.0)
+    with pytest.raises(TypeError, match="positional"):
+        LayerNorm(4, 1e-5)
+
+
+# --- EncoderLayer and DecoderLayer equal PyTorch's layers ---------------------------------
+
+D_MODEL, HEADS, D_FF, B, T, T_MEMORY = 16, 4, 32, 3, 6, 5
+PAD = 0
+# three target sentences and three source sentences, padded at the end
+TOKENS = torch.tensor([[5, 6, 7, 8, 9, 4], [5, 6, 7, PAD, PAD, PAD], [3, 4, PAD, PAD, PAD, PAD]])
+SOURCE = torch.tensor([[5, 6, 7, 8, 9], [5, 6, PAD, PAD, PAD], [3, 4, 2, 1, PAD]])
+NORM_ORDERS = pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+
+
+def randomize_norms(module):
+    """PyTorch initialises norms to ones and zeros: make them matter in the comparison."""
+    with torch.no_grad():
+        for sub in module.modules():
+            if isinstance(sub, nn.LayerNorm):
+                sub.weight.normal_(1.0, 0.3)
+                sub.bias.normal_(0.0, 0.3)
+    return module
+
+
+def torch_encoder(norm_first, dtype, activation="relu"):
+    layer = nn.TransformerEncoderLayer(D_MODEL, HEADS, D_FF, dropout=0.0, activation=activation,
+                                       batch_first=True, norm_first=norm_first, dtype=dtype)
+    return randomize_norms(layer)
+
+
+def torch_decoder(norm_first, dtype, activation="relu"):
+    layer = nn.TransformerDecoderLayer(D_MODEL, HEADS, D_FF, dropout=0.0, activation=activation,
+                                       batch_first=True, norm_first=norm_first, dtype=dtype)
+    return randomize_norms(layer)
+
+
+def encoder_masks():
+    """(ours, PyTorch's keyword arguments) for no mask, causal, padding, and both."""
+    causal = causal_mask(T)
+    keep = padding_mask(TOKENS, PAD)                                 # (B, 1, 1, T)
+    return {
+        "none": (None, {}),
+        "causal": (causal, dict(src_mask=~causal)),
+        "padding": (keep, dict(src_key_padding_mask=TOKENS == PAD)),
+        "causal+padding": (causal & keep, dict(src_mask=~causal,
+                                               src_key_padding_mask=TOKENS == PAD)),
+    }
+
+
+@DTYPES
+@NORM_ORDERS
+@pytest.mark.parametrize("mask_name", ["none", "causal", "padding", "causal+padding"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_layer_equals_pytorchs_in_train_mode(dtype, norm_first, mask_name, activation):
+    _ = torch.manual_seed(0)
+    theirs = torch_encoder(norm_first, dtype, activation).train()
+    ours = EncoderLayer.from_torch(theirs)
+    assert ours.training
+    ours_mask, their_kwargs = encoder_masks()[mask_name]
+    x = torch.randn(B, T, D_MODEL, dtype=dtype)
+    torch.testing.assert_close(ours(x, attn_mask=ours_mask), theirs(x, **their_kwargs))
+
+
+@DTYPES
+@NORM_ORDERS
+def test_encoder_layer_equals_pytorchs_fast_path_in_eval_mode(dtype, norm_first):
+    _ = torch.manual_seed(0)
+    theirs = torch_encoder(norm_first, dtype).eval()
+    ours = EncoderLayer.from_torch(theirs)
+    assert not ours.training
+    x = torch.randn(B, T, D_MODEL, dtype=dtype)
+    causal = causal_mask(T)
+    with torch.inference_mode():        # lets PyTorch take its fused "fast path"
+        torch.testing.assert_close(ours(x, attn_mask=causal), theirs(x, src_mask=~causal))
+
+
+@DTYPES
+@NORM_ORDERS
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_decoder_layer_equals_pytorchs_with_causal_and_padding_masks(dtype, norm_first,
+                                                                     activation):
+    _ = torch.manual_seed(0)
+    theirs = torch_decoder(norm_first, dtype, activation).train()
+    ours = DecoderLayer.from_torch(theirs)
+    x = torch.randn(B, T, D_MODEL, dtype=dtype)
+    memory = torch.randn(B, T_MEMORY, D_MODEL, dtype=dtype)
+    causal = causal_mask(T)
+    expected = theirs(x, memory, tgt_mask=~causal, tgt_key_padding_mask=TOKENS == PAD,
+                      memory_key_padding_mask=SOURCE == PAD)
+    got = ours(x, memory, tgt_mask=causal & padding_mask(TOKENS, PAD),
+               memory_mask=padding_mask(SOURCE, PAD))
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(ours(x, memory), theirs(x, memory))
+
+
+@NORM_ORDERS
+def test_gradients_equal_pytorchs(norm_first):
+    _ = torch.manual_seed(0)
+    theirs = torch_encoder(norm_first, torch.float64)
+    ours = EncoderLayer.from_torch(theirs)
+    x = torch.randn(B, T, D_MODEL, dtype=torch.float64)
+    causal = causal_mask(T)
+    ours(x, attn_mask=causal).pow(2).sum().backward()
+    theirs(x, src_mask=~causal).pow(2).sum().backward()
+    torch.testing.assert_close(ours.feed_forward.linear1.weight.grad, theirs.linear1.weight.grad)
+    torch.testing.assert_close(ours.norm1.weight.grad, theirs.norm1.weight.grad)
+    torch.testing.assert_close(ours.self_attn.q_proj.weight.grad,
+                               theirs.self_attn.in_proj_weight.grad[:D_MODEL])
+
+
+def test_from_torch_copies_eps_per_norm_and_dropout_and_mode():
+    theirs = nn.TransformerDecoderLayer(D_MODEL, HEADS, D_FF, dropout=0.25, batch_first=True,
+                                        layer_norm_eps=1e-3).eval()
+    theirs.norm2.eps = 0.5
+    ours = DecoderLayer.from_torch(theirs)
+    assert (ours.norm1.eps, ours.norm2.eps, ours.norm3.eps) == (1e-3, 0.5, 1e-3)
+    assert {ours.dropout1.p, ours.dropout2.p, ours.dropout3.p, ours.feed_forward.dropout.p,
+            ours.self_attn.dropout, ours.multihead_attn.dropout} == {0.25}
+    assert not ours.training and not any(m.training for m in ours.modules())
+    x, memory = torch.randn(B, T, D_MODEL), torch.randn(B, T_MEMORY, D_MODEL)
+    torch.testing.assert_close(ours(x, memory), theirs(x, memory))
+
+
+@pytest.mark.parametrize("activation", [F.relu, F.gelu, nn.ReLU(), nn.GELU()],
+                         ids=["F.relu", "F.gelu", "nn.ReLU", "nn.GELU"])
+def test_from_torch_accepts_activation_functions_and_modules(activation):
+    _ = torch.manual_seed(0)
+    theirs = nn.TransformerEncoderLayer(D_MODEL, HEADS, D_FF, dropout=0.0,
+                                        activation=activation, batch_first=True)
+    ours = EncoderLayer.from_torch(theirs)
+    x = torch.randn(B, T, D_MODEL)
+    torch.testing.assert_close(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: nn.TransformerEncoderLayer(16, 4, 32),
+     "batch-first layer .batch_first=True., got batch_first=False"),
+    (lambda: nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, activation=torch.tanh),
+     "supports the activations ReLU and GELU, got <built-in method tanh"),
+    (lambda: nn.TransformerEncoderLayer(16, 4, 32, batch_first=True,
+                                        activation=nn.GELU(approximate="tanh")),
+     r"ReLU and GELU, got GELU\(approximate='tanh'\)"),
+    (lambda: nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, bias=False),
+     r"with biases \(bias=True\); without a bias: linear1, linear2, norm1, norm2"),
+    (lambda: nn.TransformerDecoderLayer(16, 4, 32, batch_first=True, bias=False),
+     "without a bias: linear1, linear2, norm1, norm2, norm3"),
+])
+def test_from_torch_names_what_it_cannot_copy(make, message):
+    with pytest.raises(ValueError, match=message):
+        (EncoderLayer if isinstance(make(), nn.TransformerEncoderLayer)
+         else DecoderLayer).from_torch(make())
+
+
+def test_from_torch_refuses_linear_layers_without_bias_and_mixed_dropout():
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+    layer.linear2 = nn.Linear(32, 16, bias=False)
+    with pytest.raises(ValueError, match="without a bias: linear2$"):
+        EncoderLayer.from_torch(layer)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+    layer.norm2 = nn.LayerNorm(16, elementwise_affine=False)
+    with pytest.raises(ValueError, match=r"weight and a bias \(elementwise_affine=True\); "
+                                         "without them: norm2$"):
+        EncoderLayer.from_torch(layer)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.1)
+    layer.dropout2.p = 0.3
+    with pytest.raises(ValueError, match="one dropout probability .*'dropout2': 0.3"):
+        EncoderLayer.from_torch(layer)
+    with pytest.raises(TypeError, match="expects an nn.TransformerEncoderLayer, got "
+                                        "TransformerDecoderLayer"):
+        EncoderLayer.from_torch(nn.TransformerDecoderLayer(16, 4, 32, batch_first=True))
+    with pytest.raises(TypeError, match="expects an nn.TransformerDecoderLayer, got Linear"):
+        DecoderLayer.from_torch(nn.Linear(2, 2))
+
+
+# --- what the layers compute ---------------------------------------------------------------
+
+@NORM_ORDERS
+def test_encoder_layer_reads_like_its_equations(norm_first):
+    _ = torch.manual_seed(0)
+    layer = EncoderLayer(D_MODEL, HEADS, D_FF, norm_first=norm_first)
+    randomize_norms(layer)
+    x = torch.randn(B, T, D_MODEL)
+    mask = causal_mask(T)
+    attend, ffn = lambda h: layer.self_attn(h, attn_mask=mask), layer.feed_forward
+    if norm_first:
+        h = x + attend(layer.norm1(x))
+        expected = h + ffn(layer.norm2(h))
+    else:
+        h = layer.norm1(x + attend(x))
+        expected = layer.norm2(h + ffn(h))
+    torch.testing.assert_close(layer(x, attn_mask=mask), expected)
+    torch.testing.assert_close(layer.encode(x, attn_mask=mask), expected)
+
+
+def test_causal_layer_does_not_look_ahead():
+    _ = torch.manual_seed(0)
+    layer = EncoderLayer(D_MODEL, HEADS, D_FF, norm_first=True)
+    x = torch.randn(1, T, D_MODEL)
+    changed = x.clone()
+    changed[0, -1] += 10.0                              # change only the last position
+    mask = causal_mask(T)
+    before, after = layer(x, attn_mask=mask), layer(changed, attn_mask=mask)
+    torch.testing.assert_close(before[0, :-1], after[0, :-1])
+    assert not torch.allclose(before[0, -1], after[0, -1])
+
+
+def test_dropout_acts_in_training_mode_only():
+    _ = torch.manual_seed(0)
+    layer = EncoderLayer(D_MODEL, HEADS, D_FF, dropout=0.5, norm_first=True)
+    x = torch.randn(B, T, D_MODEL)
+    assert not torch.allclose(layer(x), layer(x))                  # a new mask every call
+    layer.eval()
+    torch.testing.assert_close(layer(x), layer(x))
+    no_dropout = EncoderLayer(D_MODEL, HEADS, D_FF, norm_first=True).eval()
+    no_dropout.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(layer(x), no_dropout(x))
+
+
+@pytest.mark.parametrize("cls", [EncoderLayer, DecoderLayer])
+def test_device_and_dtype_reach_every_parameter(cls):
+    layer = cls(8, 2, 16, dtype=torch.float64, device="cpu")
+    assert {p.dtype for p in layer.parameters()} == {torch.float64}
+    assert {p.device.type for p in layer.parameters()} == {"cpu"}
+
+
+def test_parameter_names_mirror_pytorchs():
+    ours = set(DecoderLayer(8, 2, 16).state_dict())
+    theirs = set(nn.TransformerDecoderLayer(8, 2, 16, batch_first=True).state_dict())
+    renamed = {name.replace("feed_forward.", "") for name in ours}
+    # PyTorch packs q, k and v into in_proj_*; everything else has the same name
+    assert {n for n in renamed if "_proj." not in n or "out_proj" in n} == \
+        {n for n in theirs if "in_proj" not in n}
+
+
+# --- bad input, named -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [EncoderLayer, DecoderLayer])
+def test_construction_errors(cls):
+    with pytest.raises(ValueError, match="d_model must be divisible by num_heads, got "
+                                         "d_model=10 and num_heads=4"):
+        cls(10, 4, 32)
+    with pytest.raises(TypeError, match="num_heads must be an int, got float"):
+        cls(16, 4.0, 32)
+    with pytest.raises(ValueError, match="d_ff must be at least 1, got 0"):
+        cls(16, 4, 0)
+    with pytest.raises(ValueError, match=r"dropout must be a number in \[0, 1\), got 1.5"):
+        cls(16, 4, 32, dropout=1.5)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        cls(16, 4, 32, activation="swish")
+    with pytest.raises(TypeError, match="positional"):
+        cls(16, 4, 32, 0.1)
+
+
+def test_encoder_input_errors():
+    layer = EncoderLayer(D_MODEL, HEADS, D_FF)
+    x = torch.randn(B, T, D_MODEL)
+    with pytest.raises(ValueError, match=r"x must have last dimension 16, got shape \(3, 6, 8\)"):
+        layer(torch.randn(B, T, 8))
+    with pytest.raises(ValueError, match=r"x must have 3 dimensions, got shape \(6, 16\)"):
+        layer(torch.randn(T, D_MODEL))
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        layer(torch.ones(B, T, D_MODEL, dtype=torch.long))
+    with pytest.raises(TypeError, match="same dtype, got x torch.float64"):
+        layer(x.double())
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(5, 5\) does not broadcast to "
+                                         r"the scores \(B, num_heads, T_q, T_k\) = "
+                                         r"\(3, 4, 6, 6\)"):
+        layer(x, attn_mask=causal_mask(5))
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(2, 1, 1, 6\) does not "
+                                         r"broadcast"):
+        layer(x, attn_mask=torch.ones(2, 1, 1, T, dtype=torch.bool))
+    with pytest.raises(ValueError, match="floating mask of only 0s and 1s"):
+        layer(x, attn_mask=causal_mask(T).float())
+    with pytest.raises(TypeError, match="attn_mask must be boolean"):
+        layer(x, attn_mask=causal_mask(T).long())
+    with pytest.raises(TypeError, match="positional"):
+        layer(x, causal_mask(T))
+
+
+def test_decoder_input_errors():
+    layer = DecoderLayer(D_MODEL, HEADS, D_FF)
+    x, memory = torch.randn(B, T, D_MODEL), torch.randn(B, T_MEMORY, D_MODEL)
+    with pytest.raises(ValueError, match=r"memory must have last dimension 16, got shape "
+                                         r"\(3, 5, 12\)"):
+        layer(x, torch.randn(B, T_MEMORY, 12))
+    with pytest.raises(ValueError, match=r"x and memory must have the same batch size, got x "
+                                         r"\(3, 6, 16\) and memory \(2, 5, 16\)"):
+        layer(x, memory[:2])
+    with pytest.raises(ValueError, match="memory must hold at least one position"):
+        layer(x, memory[:, :0])
+    with pytest.raises(ValueError, match=r"memory_mask of shape \(3, 1, 1, 6\) does not "
+                                         r"broadcast to the scores .* = \(3, 4, 6, 5\)"):
+        layer(x, memory, memory_mask=padding_mask(TOKENS, PAD))
+    with pytest.raises(ValueError, match=r"tgt_mask of shape \(6, 5\) does not broadcast"):
+        layer(x, memory, tgt_mask=torch.ones(T, T_MEMORY, dtype=torch.bool))
+    with pytest.raises(TypeError, match="memory must be a floating-point tensor"):
+        layer(x, [[0.0]])

@@ -1,9 +1,12 @@
 """The built book, as a reader's browser shows it.
 
-`make test` builds the book into _build/html first. These tests open its pages in headless Chromium
-and check what a reader would see: typeset math (offline), the chapters' figures, and links and
-assets that all resolve. They are skipped, with the reason shown, only where Chromium is absent or
-the book has not been built outside CI; in CI (CI=true) a missing build is a failure.
+`make test` builds the book into _build/html first. These tests open its pages in Debian's Chromium,
+driven by Playwright (never `playwright install`: no browser is downloaded), at 1280x900, and check
+what a reader sees: typeset maths (offline), the chapters' figures, no code cell that needs sideways
+scrolling, solution dropdowns that open on a click and show their code, figure-only cells whose code
+is folded, and links and assets that all resolve. One browser serves every page, and each page is
+loaded once. They are skipped, with the reason shown, only where Chromium is absent or the book has
+not been built outside CI; in CI (CI=true) a missing build is a failure.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -23,11 +24,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-    "--virtual-time-budget=8000",
-]
+VIEWPORT = {"width": 1280, "height": 900}
+# Playwright adds --headless and a fresh profile; the rest are TOOLCHAIN.md's flags for this machine.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+# URLs a button may carry only once the book has a real home (see _config.yml).
+PLACEHOLDER_URLS = ("github.com/minitransformer/transformers-from-scratch", "github.com/OWNER/REPO",
+                    "github.com/executablebooks/jupyter-book")
+LAUNCH_URLS = ("mybinder.org", "colab.research.google.com")
 
 
 def _book_pages() -> list[str]:
@@ -62,21 +66,124 @@ def built_book() -> Path:
 
 
 @pytest.fixture(scope="module")
-def chromium() -> str:
+def browser(built_book):
     path = _chromium()
     if path is None:
         pytest.skip("Chromium is not installed (apt-get install chromium); .ci/run installs it")
-    return path
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
 
 
-def _dump_dom(chromium: str, page: Path) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        result = subprocess.run(
-            [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
-            capture_output=True, text=True, timeout=120,
-        )
-    assert result.returncode == 0, f"Chromium failed on {page}: {result.stderr[-2000:]}"
-    return result.stdout
+# --- what the notebooks hold ------------------------------------------------------------------
+
+def _cells(page: str) -> list[dict]:
+    return json.loads((ROOT / f"{page}.ipynb").read_text(encoding="utf-8"))["cells"]
+
+
+def _source(cell: dict) -> str:
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
+def _shown_code_cells(page: str) -> list[tuple[int, dict]]:
+    """(index in the notebook, cell) of each code cell the page shows, in order."""
+    return [(index, cell) for index, cell in enumerate(_cells(page)) if cell["cell_type"] == "code"
+            and "remove-cell" not in cell["metadata"].get("tags", [])]
+
+
+def _png_outputs(page: str) -> int:
+    return sum("image/png" in output.get("data", {})
+               for _, cell in _shown_code_cells(page) for output in cell.get("outputs", []))
+
+
+def _solution_sources(page: str) -> list[str]:
+    """The first code cell after each markdown {solution-start}: what its dropdown must show."""
+    found, waiting = [], False
+    for cell in _cells(page):
+        if cell["cell_type"] == "markdown" and "{solution-start}" in _source(cell):
+            waiting = True
+        elif cell["cell_type"] == "code" and waiting:
+            found.append(_source(cell).strip())
+            waiting = False
+    return found
+
+
+# --- what the browser shows -------------------------------------------------------------------
+
+WAIT_FOR_MATHJAX = """async () => {
+    const deadline = Date.now() + 15000;
+    while (Date.now() < deadline) {
+        const mj = window.MathJax;
+        if (!mj) return false;  // this page loads no MathJax
+        if (mj.startup && mj.startup.promise) { await mj.startup.promise; return true; }
+        await new Promise(resolve => setTimeout(resolve, 50));
+    }
+    return false;  // configured but never started: the script did not load
+}"""
+
+CELLS_AS_LOADED = """() => [...document.querySelectorAll('div.cell')].map(cell => {
+    const details = cell.querySelector(':scope > details.hide');
+    const pre = cell.querySelector('div.cell_input pre');
+    const images = [...cell.querySelectorAll('div.cell_output img')];
+    return {
+        hideInput: cell.classList.contains('tag_hide-input'),
+        folded: details !== null && !details.open,
+        // a closed <details> keeps its content laid out (content-visibility: hidden) in Chromium
+        inputShown: pre !== null && pre.checkVisibility({visibilityProperty: true}),
+        figures: images.filter(img => img.naturalWidth > 0 && img.getBoundingClientRect().height > 0)
+                       .length,
+    };
+})"""
+
+CODE_WIDTHS_UNFOLDED = """() => {
+    document.querySelectorAll('div.cell details.hide').forEach(details => { details.open = true; });
+    return [...document.querySelectorAll('div.cell')].map(cell => {
+        const pre = cell.querySelector('div.cell_input pre');
+        if (!pre) return null;
+        const lines = pre.innerText.split('\\n');
+        return {scrollWidth: pre.scrollWidth, clientWidth: pre.clientWidth,
+                longest: Math.max(...lines.map(line => line.length)),
+                first: lines.find(line => line.trim()) || ''};
+    });
+}"""
+
+_REPORTS: dict[str, dict] = {}
+
+
+def _report(browser, page: str) -> dict:
+    """Everything the tests ask of one page, from a single load (cached for the module)."""
+    if page in _REPORTS:
+        return _REPORTS[page]
+    tab = browser.new_page(viewport=VIEWPORT)
+    try:
+        tab.goto((HTML / f"{page}.html").as_uri(), wait_until="load")
+        report = {"mathjax_started": tab.evaluate(WAIT_FOR_MATHJAX), "dom": tab.content(),
+                  "cells": tab.evaluate(CELLS_AS_LOADED),
+                  "figures": tab.evaluate("() => [...document.querySelectorAll('img')].filter("
+                                          "img => /\\.png$/i.test(img.getAttribute('src') || '')"
+                                          " && img.naturalWidth > 0).length"),
+                  "dropdowns": []}
+        for dropdown in tab.locator("div.solution.dropdown").all():
+            code = dropdown.locator("div.cell_input pre").first
+            entry = {"title": dropdown.locator(".admonition-title").first.inner_text().strip(),
+                     "hidden_before": not code.is_visible()}
+            dropdown.locator("button.toggle-button").first.click()
+            try:
+                code.wait_for(state="visible", timeout=3000)
+                tab.wait_for_function("e => getComputedStyle(e).opacity === '1'",
+                                      arg=code.element_handle(), timeout=3000)
+                entry["shown_after"], entry["code"] = True, code.inner_text().strip()
+            except Exception:  # a timeout: the click did not show the code
+                entry["shown_after"], entry["code"] = False, ""
+            report["dropdowns"].append(entry)
+        report["widths"] = tab.evaluate(CODE_WIDTHS_UNFOLDED)
+    finally:
+        tab.close()
+    _REPORTS[page] = report
+    return report
 
 
 def _visible_text(dom: str) -> str:
@@ -84,31 +191,74 @@ def _visible_text(dom: str) -> str:
     return re.sub(r"<(script|style|pre|code)\b.*?</\1>", "", dom, flags=re.S | re.I)
 
 
-def _png_outputs(notebook: Path) -> int:
-    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    return sum("image/png" in output.get("data", {})
-               for cell in cells if cell["cell_type"] == "code" for output in cell.get("outputs", []))
+def _label(page: str, position: int) -> str:
+    """The notebook cell behind the page's position-th code cell."""
+    shown = _shown_code_cells(page)
+    return f"cell {shown[position][0]}" if position < len(shown) else f"code block {position}"
 
 
 @pytest.mark.parametrize("page", _book_pages())
-def test_page_math_is_typeset_offline(built_book, chromium, page):
-    dom = _dump_dom(chromium, built_book / f"{page}.html")
-    source = built_book / f"{page}.html"
-    has_math = 'class="math' in source.read_text(encoding="utf-8")
-    text = _visible_text(dom)
-    leftovers = re.findall(r"\\\(|\\\)|\\\[|\\\]|\$\$", text)
+def test_page_math_is_typeset_offline(browser, page):
+    report = _report(browser, page)
+    has_math = 'class="math' in (HTML / f"{page}.html").read_text(encoding="utf-8")
+    leftovers = re.findall(r"\\\(|\\\)|\\\[|\\\]|\$\$", _visible_text(report["dom"]))
     assert not leftovers, f"{page}: raw LaTeX delimiters left untypeset: {leftovers[:5]}"
     if has_math:
-        assert "<mjx-container" in dom, f"{page}: has math but MathJax typeset none of it"
+        assert report["mathjax_started"], f"{page}: has math but MathJax never started (offline?)"
+        assert "<mjx-container" in report["dom"], f"{page}: has math but MathJax typeset none of it"
 
 
 @pytest.mark.parametrize("page", _chapter_notebooks())
-def test_chapter_figures_are_on_the_page(built_book, chromium, page):
-    figures = _png_outputs(ROOT / f"{page}.ipynb")
+def test_chapter_figures_are_on_the_page(browser, page):
+    figures = _png_outputs(page)
     assert figures > 0, f"{page} has no figure"
-    dom = _dump_dom(chromium, built_book / f"{page}.html")
-    images = re.findall(r'<img[^>]+src="([^"]+\.png)"', dom)
-    assert len(images) >= figures, f"{page}: {figures} figures in the notebook, {len(images)} on the page"
+    shown = _report(browser, page)["figures"]
+    assert shown >= figures, f"{page}: {figures} figures in the notebook, {shown} loaded on the page"
+
+
+@pytest.mark.parametrize("page", _chapter_notebooks())
+def test_no_code_cell_needs_sideways_scrolling(browser, page):
+    widths = _report(browser, page)["widths"]
+    measured = [(position, w) for position, w in enumerate(widths) if w is not None]
+    code_cells = [cell for _, cell in _shown_code_cells(page) if _source(cell).strip()]
+    assert len(measured) >= len(code_cells), (
+        f"{page}: measured {len(measured)} code blocks, the notebook shows {len(code_cells)}")
+    wide = [f"  {_label(page, position)} ({w['scrollWidth']} px of code in a {w['clientWidth']} px "
+            f"block; longest line {w['longest']} chars): {w['first'].strip()[:60]}"
+            for position, w in measured if w["scrollWidth"] > w["clientWidth"]]
+    assert not wide, (f"{page}: {len(wide)} of {len(measured)} code cells need sideways scrolling "
+                      f"at {VIEWPORT['width']} px:\n" + "\n".join(wide))
+
+
+@pytest.mark.parametrize("page", _chapter_notebooks())
+def test_solution_dropdowns_open_on_click_and_show_their_code(browser, page):
+    expected = _solution_sources(page)
+    dropdowns = _report(browser, page)["dropdowns"]
+    assert len(dropdowns) == len(expected), (
+        f"{page}: {len(expected)} {{solution-start}} in the notebook, {len(dropdowns)} dropdowns")
+    for entry, source in zip(dropdowns, expected):
+        assert entry["hidden_before"], f"{page}: '{entry['title']}' shows its code before a click"
+        assert entry["shown_after"], f"{page}: '{entry['title']}' still hides its code after a click"
+        assert entry["code"] == source, (f"{page}: '{entry['title']}' shows\n{entry['code']}\n"
+                                         f"instead of the notebook's solution\n{source}")
+
+
+@pytest.mark.parametrize("page", _chapter_notebooks())
+def test_figure_only_cells_are_folded(browser, page):
+    tagged = [index for index, cell in _shown_code_cells(page)
+              if "hide-input" in cell["metadata"].get("tags", [])]
+    cells = _report(browser, page)["cells"]
+    on_page = [position for position, cell in enumerate(cells) if cell["hideInput"]]
+    assert len(on_page) == len(tagged), (
+        f"{page}: {len(tagged)} cells tagged hide-input, {len(on_page)} on the page")
+    problems = []
+    for position in on_page:
+        cell = cells[position]
+        if not cell["folded"] or cell["inputShown"]:
+            problems.append(f"{_label(page, position)}: its code is in view, not folded")
+        if cell["figures"] == 0:
+            problems.append(f"{_label(page, position)}: folded, but shows no figure")
+    assert not problems, f"{page}:\n" + "\n".join(problems)
 
 
 class _Links(html.parser.HTMLParser):
@@ -132,9 +282,14 @@ def _parse(path: Path) -> _Links:
     return parser
 
 
-def test_every_local_link_and_asset_resolves(built_book):
+def _built_pages(built_book: Path) -> list[Path]:
     # _static/ holds the themes' Jinja macro files (*.html templates, never opened by a reader)
-    pages = sorted(p for p in built_book.rglob("*.html") if "_static" not in p.relative_to(built_book).parts)
+    return sorted(p for p in built_book.rglob("*.html")
+                  if "_static" not in p.relative_to(built_book).parts)
+
+
+def test_every_local_link_and_asset_resolves(built_book):
+    pages = _built_pages(built_book)
     assert pages, "no HTML pages were built"
     parsed = {page: _parse(page) for page in pages}
     broken = []
@@ -154,6 +309,17 @@ def test_every_local_link_and_asset_resolves(built_book):
                 if unquote(parts.fragment) not in ids:
                     broken.append(f"{page.relative_to(built_book)} -> {target} (no such anchor)")
     assert not broken, "broken local links:\n" + "\n".join(broken[:40])
+
+
+def test_no_button_points_at_a_placeholder(built_book):
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    forbidden = PLACEHOLDER_URLS + (() if config.get("launch_buttons") else LAUNCH_URLS)
+    found = [f"{page.relative_to(built_book)} -> {target}"
+             for page in _built_pages(built_book) for target in _parse(page).targets
+             if any(url in target for url in forbidden)]
+    assert not found, "links to a place the project does not live:\n" + "\n".join(found[:20])
+    chapter = (built_book / f"{_chapter_notebooks()[0]}.html").read_text(encoding="utf-8")
+    assert re.search(r'href="[^"]*_sources/[^"]+\.ipynb"', chapter), "the .ipynb download is gone"
 
 
 def test_mathjax_is_served_locally(built_book):

@@ -5,7 +5,8 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 
 * :data:`check_attention_scores` -- ``attention_scores(query, key)``: ``query @ key.T / sqrt(d_k)``.
 * :data:`check_attend_one_query` -- ``attend_one_query(q, keys, values)``: attention for one query.
-* :data:`check_causal_mask` -- ``causal_mask(n)``: the boolean lower triangle, True = may attend.
+* :data:`check_causal_mask` -- ``my_causal_mask(T)``: the boolean lower triangle, True = may
+  attend.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _random(*shape: int, seed: int) -> Tensor:
     return torch.randn(*shape, generator=generator, dtype=torch.float64)
 
 
-# --- attention_scores(query, key) -> (L, S) ---------------------------------------------------
+# --- attention_scores(query, key) -> (T_q, T_k) -----------------------------------------------
 
 def _attention_scores(query: Tensor, key: Tensor) -> Tensor:
     return query @ key.T / math.sqrt(query.shape[-1])
@@ -35,7 +36,7 @@ check_attention_scores = Checker(
     reference=_attention_scores,
     cases=[
         (_random(3, 4, seed=1), _random(3, 4, seed=2)),
-        (_random(2, 8, seed=3), _random(5, 8, seed=4)),      # L != S
+        (_random(2, 8, seed=3), _random(5, 8, seed=4)),      # T_q != T_k
         (_random(4, 16, seed=5), _random(4, 16, seed=6)),
     ],
     mistakes={
@@ -49,11 +50,11 @@ check_attention_scores = Checker(
 )
 
 
-# --- attend_one_query(q, keys, values) -> (Ev,) ---------------------------------------------
+# --- attend_one_query(q, keys, values) -> (d_v,) --------------------------------------------
 
 def _attend_one_query(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
-    weights = torch.softmax(keys @ q / math.sqrt(q.shape[-1]), dim=0)   # (S,)
-    return weights @ values                                             # (Ev,)
+    weights = torch.softmax(keys @ q / math.sqrt(q.shape[-1]), dim=0)   # (T_k,)
+    return weights @ values                                             # (d_v,)
 
 
 check_attend_one_query = Checker(
@@ -78,16 +79,20 @@ check_attend_one_query = Checker(
 )
 
 
-# --- causal_mask(n) -> (n, n) bool ---------------------------------------------------------
+# --- my_causal_mask(T) -> (T, T) bool ------------------------------------------------------
 
-def _causal_mask(n: int) -> Tensor:
-    return torch.tril(torch.ones(n, n, dtype=torch.bool))
+def _causal_mask(length: int) -> Tensor:
+    return torch.tril(torch.ones(length, length, dtype=torch.bool))
 
 
 check_causal_mask = Checker(
     reference=_causal_mask,
     cases=[(4,), (1,), (6,)],
     mistakes={
+        "your mask is True where attention is forbidden (True = masked, the convention of "
+        "nn.MultiheadAttention); in this book True = may attend: keep the lower triangle "
+        "including the diagonal, e.g. invert yours with ~":
+            lambda n: ~torch.tril(torch.ones(n, n, dtype=torch.bool)),
         "that lets each position see the future and hides the past: keep the lower triangle "
         "(torch.tril), not the upper one":
             lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool)),

@@ -21,8 +21,8 @@ EncoderLayer       ``encode(x, *, attn_mask=None)``
 DecoderLayer       ``decode(x, memory, *, tgt_mask=None, memory_mask=None)``
 =================  ===========================================================================
 
-The unchecked methods call each other (and ``MultiHeadAttention``'s unchecked path), never a
-checked ``forward``. A model that has checked its own input (a GPT, an encoder-decoder) calls
+The unchecked methods call each other and :meth:`MultiHeadAttention.attend`, never a checked
+``forward``. A model that has checked its own input (a GPT, an encoder-decoder) calls
 ``layer.encode``/``layer.decode`` on the same footing. Chapter 11's KV cache will be one more
 keyword of ``encode``/``decode``, passed on to the self-attention.
 
@@ -281,7 +281,7 @@ class EncoderLayer(nn.Module):
         return x
 
     def _self_attention(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
-        return self.dropout1(self.self_attn(x, x, x, attn_mask=attn_mask))
+        return self.dropout1(self.self_attn.attend(x, x, x, attn_mask=attn_mask))
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         return self.dropout2(self.feed_forward.transform(x))
@@ -392,10 +392,10 @@ class DecoderLayer(nn.Module):
         return x
 
     def _self_attention(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        return self.dropout1(self.self_attn(x, x, x, attn_mask=mask))
+        return self.dropout1(self.self_attn.attend(x, x, x, attn_mask=mask))
 
     def _cross_attention(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
-        return self.dropout2(self.multihead_attn(x, memory, memory, attn_mask=mask))
+        return self.dropout2(self.multihead_attn.attend(x, memory, memory, attn_mask=mask))
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         return self.dropout3(self.feed_forward.transform(x))

@@ -538,3 +538,26 @@ def test_decoder_input_errors():
         layer(x, memory, tgt_mask=torch.ones(T, T_MEMORY, dtype=torch.bool))
     with pytest.raises(TypeError, match="memory must be a floating-point tensor"):
         layer(x, [[0.0]])
+
+
+def test_inputs_are_checked_once_and_the_unchecked_path_checks_nothing(monkeypatch):
+    import minitransformer._checks as checks
+    import minitransformer.attention as attention
+    calls = []
+    for module in (checks, attention):
+        for name in ("check_float_tensor", "check_mask", "check_same_dtype"):
+            if hasattr(module, name):
+                original = getattr(module, name)
+                monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k:
+                                    calls.append(_n) or _f(*a, **k))
+    layer = DecoderLayer(D_MODEL, HEADS, D_FF, norm_first=True)
+    x, memory = torch.randn(B, T, D_MODEL), torch.randn(B, T_MEMORY, D_MODEL)
+    mask = causal_mask(T)
+    layer.decode(x, memory, tgt_mask=mask, memory_mask=padding_mask(SOURCE, PAD))
+    assert calls == []
+    layer(x, memory, tgt_mask=mask, memory_mask=padding_mask(SOURCE, PAD))
+    assert sorted(calls) == sorted(["check_float_tensor", "check_same_dtype"] * 2
+                                   + ["check_mask"] * 2)
+    calls.clear()
+    EncoderLayer(D_MODEL, HEADS, D_FF).encode(x, attn_mask=mask)
+    assert calls == []

@@ -289,3 +289,32 @@ def test_corpus_is_prose():
     for markup in ("```", "{cite}", "{doc}", "$$", "\\frac", ":label:", "{exercise}", "<img"):
         assert markup not in text, markup
     assert "attention" in text and "dot product" in text
+
+
+def _corpus_script():
+    import importlib.util
+    path = CORPUS.parent.parent.parent / "tools" / "make_corpus.py"
+    spec = importlib.util.spec_from_file_location("make_corpus", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_corpus_script_keeps_prose_and_drops_markup():
+    markdown = "\n".join([
+        "(sec-label)=", "# Attention", "",
+        "Each token $t_i$ asks a **query**, see {doc}`chapter 6 <06_x>` and {cite}`vaswani`,",
+        "computed by `softmax` as $\\operatorname{softmax}(QK^\\top)$ [here](http://x.org).", "",
+        "$$", "y = \\sum_j w_j v_j", "$$", "",
+        "```python", "print('code')", "```", "",
+        "```{exercise} Count pairs", ":label: ex-pairs", "", "Write *my_count*.", "```", "",
+        "```{solution-start} ex-pairs", ":class: dropdown", "```", "",
+        ":::{note}", "A note in prose.", ":::", "",
+        "| a | b |", "|---|---|", "% a comment", "- first item", "- second item",
+    ])
+    paragraphs = _corpus_script().prose(markdown)
+    assert paragraphs == [
+        "Attention",
+        "Each token t_i asks a query, see chapter 6 and, computed by softmax as "
+        "softmax(QK^ᵀ) here.",
+        "Count pairs", "Write my_count.", "A note in prose.", "first item", "second item"]

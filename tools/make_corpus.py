@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import functools
 import re
 from pathlib import Path
 
@@ -28,7 +29,8 @@ OUTPUT = BOOK / "data" / "corpus.txt"
 # Directives whose body is prose (kept) rather than code, maths or a picture (dropped).
 PROSE_DIRECTIVES = {"note", "tip", "hint", "important", "warning", "caution", "attention",
                     "danger", "error", "seealso", "admonition", "exercise", "solution",
-                    "margin", "sidebar", "epigraph", "topic", "div", "dropdown", "card"}
+                    "margin", "sidebar", "epigraph", "topic", "div", "dropdown", "card",
+                    "solution-start", "solution-end"}
 # Roles whose text is prose: {doc}`chapter 6 <06_x>` keeps "chapter 6"; {cite}`key` goes.
 PROSE_ROLES = {"doc", "ref", "term", "abbr", "sub", "sup", "strong", "emphasis", "download"}
 
@@ -81,12 +83,10 @@ def strip_blocks(markdown: str) -> list[str]:
             name = directive["name"] if directive else ""
             keep = (not stack or stack[-1][1]) and (
                 name in PROSE_DIRECTIVES or (fence[0] == ":" and not directive))
-            if name in {"solution-start", "solution-end"}:
-                continue  # gated solutions: the marker alone, the code cells come next
             stack.append((fence, keep))
-            if keep and directive:
+            if keep and directive and not name.startswith("solution"):  # titled by a label
                 title = info[directive.end():].strip()
-                if title and name != "solution":
+                if title:
                     kept.append(title)
             continue
         if stack and not stack[-1][1]:
@@ -119,10 +119,29 @@ def strip_inline(text: str) -> str:
 
 
 def _role_text(match: re.Match) -> str:
-    if match["name"].split(":")[-1] not in PROSE_ROLES:
+    name, text = match["name"].split(":")[-1], match["text"]
+    if name not in PROSE_ROLES:
         return " "
-    text = match["text"]
-    return re.sub(r"\s*<[^>]*>$", "", text) if "<" in text else text
+    if "<" in text:
+        return re.sub(r"\s*<[^>]*>$", "", text)
+    if name == "doc":  # a bare {doc}`02_markov_models` shows the page's title
+        return titles().get(Path(text).stem, " ")
+    return text
+
+
+@functools.cache
+def titles(book: Path = BOOK) -> dict[str, str]:
+    """Each page's title (its first heading), by file stem, for bare {doc} links."""
+    found = {}
+    for path in sorted(book.glob("*.md")) + sorted(book.glob("*.ipynb")):
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".ipynb":
+            text = "\n".join("".join(cell["source"]) for cell in json.loads(text)["cells"]
+                             if cell["cell_type"] == "markdown")
+        heading = re.search(r"^#\s+(.+)$", text, re.M)
+        if heading:
+            found[path.stem] = heading[1].strip()
+    return found
 
 
 def _code_text(match: re.Match) -> str:

@@ -464,3 +464,158 @@ def test_from_torch_rejects_what_it_cannot_copy():
         MultiHeadAttention.from_torch(nn.MultiheadAttention(D_MODEL, HEADS, add_bias_kv=True))
     with pytest.raises(ValueError, match=r"add_bias_kv or add_zero_attn"):
         MultiHeadAttention.from_torch(nn.MultiheadAttention(D_MODEL, HEADS, add_zero_attn=True))
+
+
+# --- blocked_attention (chapter 7): the same numbers, a slice of the scores at a time ---------
+
+@pytest.mark.parametrize("batch, L, S, E, Ev", SHAPES)
+@pytest.mark.parametrize("query_block", [1, 7, QUERY_BLOCK])
+def test_blocked_attention_equals_pytorch_in_float64(batch, L, S, E, Ev, query_block):
+    q, k, v = random_qkv(batch, L, S, E, Ev, torch.float64, seed=20)
+    mask = random_bool_mask((*batch, L, S), seed=21)
+    bias = torch.zeros(L, S, dtype=torch.float64).masked_fill(~random_bool_mask((L, S), 22),
+                                                              float("-inf"))
+    for attn_mask in (None, mask, bias, causal_mask(min(L, S), S)[-1:].expand(L, S)):
+        for scale in (None, 0.3):
+            close(blocked_attention(q, k, v, attn_mask, scale=scale, query_block=query_block),
+                  F.scaled_dot_product_attention(q, k, v, attn_mask, scale=scale), torch.float64)
+
+
+@DTYPES
+@pytest.mark.parametrize("L, S", [(5, 5), (3, 8), (QUERY_BLOCK + 10, QUERY_BLOCK + 30)])
+def test_blocked_attention_with_causal_mask_equals_the_reference(L, S, dtype):
+    q, k, v = random_qkv((2, 2), L, S, 8, 8, dtype, seed=23)
+    close(blocked_attention(q, k, v, causal_mask(L, S)),
+          scaled_dot_product_attention(q, k, v, causal_mask(L, S)), dtype)
+
+
+def test_blocked_attention_gradients_equal_pytorch():
+    q, k, v = random_qkv((2, 2), QUERY_BLOCK + 5, 11, 8, 4, torch.float64, seed=24)
+    mask = random_bool_mask((QUERY_BLOCK + 5, 11), seed=25)
+    grads = []
+    for attend in (blocked_attention, F.scaled_dot_product_attention):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        (attend(*inputs, mask) ** 2).sum().backward()
+        grads.append([t.grad for t in inputs])
+    for ours, theirs in zip(*grads):
+        close(ours, theirs, torch.float64)
+
+
+def test_blocked_attention_values_broadcast_and_empty_queries(recwarn):
+    q, k, _ = random_qkv((1,), QUERY_BLOCK + 7, 6, 4, 2, torch.float64, seed=26)
+    v = torch.randn(3, 6, 2, dtype=torch.float64)
+    close(blocked_attention(q, k, v), F.scaled_dot_product_attention(q, k, v), torch.float64)
+    assert not [w for w in recwarn if "resized" in str(w.message)]
+    assert blocked_attention(q[:, :0], k, v).shape == (3, 0, 2)
+
+
+def test_blocked_attention_rejects_what_the_reference_rejects():
+    q, k, v = random_qkv((2,), 3, 4, 8, 5, torch.float32)
+    with pytest.raises(ValueError, match=r"query and key must have the same last dimension"):
+        blocked_attention(q, k[..., :6], v)
+    with pytest.raises(ValueError, match=r"query_block must be at least 1, got 0"):
+        blocked_attention(q, k, v, query_block=0)
+    with pytest.raises(TypeError, match=r"query_block must be an int, got float"):
+        blocked_attention(q, k, v, query_block=2.0)
+    with pytest.raises(TypeError, match=r"takes from 3 to 4 positional arguments"):
+        blocked_attention(q, k, v, None, 0.5)          # scale is keyword-only
+
+
+def test_the_reference_has_no_blocks_and_is_short():
+    import inspect
+    source = inspect.getsource(scaled_dot_product_attention)
+    body = source.split('"""')[2]                     # after the docstring
+    code = [line for line in body.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert len(code) <= 16, code
+    assert "_check_attention(" in code[0]
+    for trick in ("QUERY_BLOCK", "out=", "_(", "for "):
+        assert trick not in body, trick
+
+
+# --- floating masks of 0s and 1s are boolean masks in the wrong dtype -------------------------
+
+def test_float_zero_one_mask_is_an_error_that_suggests_bool_everywhere():
+    q, k, v = random_qkv((2,), 4, 4, 8, 8, torch.float32)
+    zero_one = causal_mask(4).float()
+    message = r"floating mask of only 0s and 1s.*pass attn_mask\.bool\(\)"
+    for attend in (scaled_dot_product_attention, blocked_attention):
+        with pytest.raises(ValueError, match=message):
+            attend(q, k, v, zero_one)
+        # what the message suggests works, and so does an additive 0/-inf mask
+        additive = torch.zeros(4, 4).masked_fill(~causal_mask(4), float("-inf"))
+        close(attend(q, k, v, zero_one.bool()), attend(q, k, v, additive), torch.float32)
+    mha = MultiHeadAttention(8, 2)
+    for return_weights in (False, True):
+        with pytest.raises(ValueError, match=message):
+            mha(q, attn_mask=zero_one, return_weights=return_weights)
+    # all zeros is a valid additive mask (it hides nothing)
+    close(scaled_dot_product_attention(q, k, v, torch.zeros(4, 4)),
+          scaled_dot_product_attention(q, k, v), torch.float32)
+
+
+# --- MultiHeadAttention: keyword-only mask, validation once, unchecked attend -----------------
+
+def test_mha_attn_mask_is_keyword_only():
+    mha = MultiHeadAttention(D_MODEL, HEADS)
+    x = torch.randn(2, 5, D_MODEL)
+    with pytest.raises(TypeError, match=r"positional argument"):
+        mha(x, x, x, causal_mask(5))       # nn.MultiheadAttention's 4th is key_padding_mask
+
+
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_mha_validates_once_per_forward(monkeypatch, return_weights):
+    from minitransformer import _checks
+    import minitransformer.attention as attention
+    calls = {"check_mask": 0, "check_float_tensor": 0, "_check_attention": 0}
+    for name in calls:
+        module = attention
+        original = getattr(module, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(module, name, counted)
+    mha = MultiHeadAttention(D_MODEL, HEADS)
+    x = torch.randn(2, 5, D_MODEL)
+    mha(x, attn_mask=causal_mask(5), return_weights=return_weights)
+    assert calls == {"check_mask": 1, "check_float_tensor": 3, "_check_attention": 0}
+    assert _checks.check_mask is not attention.check_mask      # the counter was in place
+
+
+def test_mha_attend_does_not_validate_and_equals_forward(monkeypatch):
+    import minitransformer.attention as attention
+
+    def fail(*args, **kwargs):
+        raise AssertionError("attend must not validate")
+    mha = MultiHeadAttention(D_MODEL, HEADS).eval()
+    x, memory = torch.randn(2, 5, D_MODEL), torch.randn(2, 7, D_MODEL)
+    mask = padding_mask(torch.tensor([[1, 2, 3, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]]), 0)
+    expected = mha(x, memory, attn_mask=mask)
+    expected_weights = mha(x, memory, attn_mask=mask, return_weights=True)[1]
+    for name in ("check_mask", "check_float_tensor", "check_same_dtype", "_check_attention"):
+        monkeypatch.setattr(attention, name, fail)
+    monkeypatch.setattr(MultiHeadAttention, "check_inputs", fail)
+    torch.testing.assert_close(mha.attend(x, memory, memory, attn_mask=mask), expected)
+    output, weights = mha.attend(x, memory, memory, attn_mask=mask, return_weights=True)
+    torch.testing.assert_close(output, expected)
+    torch.testing.assert_close(weights, expected_weights)
+
+
+def test_mha_attend_takes_the_mask_by_keyword_only():
+    mha = MultiHeadAttention(D_MODEL, HEADS)
+    x = torch.randn(2, 5, D_MODEL)
+    with pytest.raises(TypeError, match=r"positional argument"):
+        mha.attend(x, x, x, causal_mask(5))
+
+
+def test_mha_dropout_paths_both_drop_in_training():
+    # The fused path (no weights) and the written-out one draw different dropout masks, but both
+    # drop and both rescale: averaged over many draws they agree with the eval output.
+    _ = torch.manual_seed(7)
+    mha = MultiHeadAttention(D_MODEL, HEADS, dropout=0.3, dtype=torch.float64)
+    x = torch.randn(1, 4, D_MODEL, dtype=torch.float64)
+    fused = torch.stack([mha(x) for _ in range(400)]).mean(0)
+    written = torch.stack([mha(x, return_weights=True)[0] for _ in range(400)]).mean(0)
+    expected = mha.eval()(x)
+    torch.testing.assert_close(fused, expected, atol=0.05, rtol=0)
+    torch.testing.assert_close(written, expected, atol=0.05, rtol=0)

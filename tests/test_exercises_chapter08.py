@@ -1,0 +1,170 @@
+"""The checkers of chapter 8: they accept correct answers and explain plausible wrong ones."""
+
+import pytest
+import torch
+
+from minitransformer import EncoderLayer
+from minitransformer.exercises import chapter08
+from minitransformer.exercises.chapter08 import (
+    check_count_block_parameters,
+    check_layer_norm,
+    check_residual_sublayer,
+)
+
+# --- correct solutions, written the way the book's solutions are ---------------------------
+
+
+def my_layer_norm(x, weight, bias, eps):
+    mean = x.mean(dim=-1, keepdim=True)
+    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+
+
+def torch_layer_norm(x, weight, bias, eps):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def residual_sublayer(x, sublayer, norm, norm_first):
+    if norm_first:
+        return x + sublayer(norm(x))
+    return norm(x + sublayer(x))
+
+
+def count_block_parameters(d_model, num_heads, d_ff):
+    attention = 4 * d_model * d_model + 4 * d_model
+    feed_forward = d_model * d_ff + d_ff + d_ff * d_model + d_model
+    return attention + feed_forward + 2 * (2 * d_model)
+
+
+def count_by_building(d_model, num_heads, d_ff):
+    block = EncoderLayer(d_model, num_heads, d_ff)
+    return sum(p.numel() for p in block.parameters())
+
+
+CHECKERS = {
+    "layer_norm": (check_layer_norm, my_layer_norm),
+    "layer_norm_by_pytorch": (check_layer_norm, torch_layer_norm),
+    "residual_sublayer": (check_residual_sublayer, residual_sublayer),
+    "count_block_parameters": (check_count_block_parameters, count_block_parameters),
+    "count_by_building_the_block": (check_count_block_parameters, count_by_building),
+}
+
+
+def test_module_exports_every_checker():
+    assert sorted(chapter08.__all__) == ["check_count_block_parameters", "check_layer_norm",
+                                         "check_residual_sublayer"]
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_accepts_the_book_solution(name, capsys):
+    checker, solution = CHECKERS[name]
+    assert checker(solution)
+    assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
+
+
+def test_importing_the_checkers_leaves_the_global_random_state_alone():
+    import importlib
+    _ = torch.manual_seed(0)
+    expected = torch.rand(3)
+    _ = torch.manual_seed(0)
+    importlib.reload(chapter08)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+# --- specific wrong answers a learner writes, with the exact line they see -----------------
+
+def test_layer_norm_with_unbiased_variance(capsys):
+    def unbiased(x, weight, bias, eps):
+        return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + eps) \
+            * weight + bias
+
+    assert not check_layer_norm(unbiased)
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input ([[1.0, 2.0, 3.0, 6.0], [-2.0, 0.0, 0.0, 2.0]], "
+        "[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0], 1e-05) expected "
+        "[[-1.069, -0.5345, 0.0, 1.6036], [-1.4142, 0.0, 0.0, 1.4142]] but got "
+        "[[-0.9258, -0.4629, 0.0, 1.3887], [-1.2247, 0.0, 0.0, 1.2247]]. Hint: use the "
+        "variance that divides by d_model (x.var(..., correction=0)), as layer norm does; "
+        "x.var() divides by d_model - 1\n")
+
+
+def test_layer_norm_with_eps_outside_the_root(capsys):
+    def eps_outside(x, weight, bias, eps):
+        std = x.var(-1, keepdim=True, correction=0).sqrt()
+        return (x - x.mean(-1, keepdim=True)) / (std + eps) * weight + bias
+
+    assert not check_layer_norm(eps_outside)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2: for input ([[1.0, 2.0, 3.0, 6.0], [-2.0, 0.0, 0.0, "
+                          "2.0]], [1.0, 2.0, 0.5, -1.0], [0.0, 1.0, 0.0, -1.0], 1e-05)")
+    assert out.endswith("Hint: eps goes inside the square root: divide by sqrt(variance + eps)\n")
+
+
+def test_layer_norm_without_weight_and_bias(capsys):
+    def plain(x, weight, bias, eps):
+        mean = x.mean(-1, keepdim=True)
+        return (x - mean) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps)
+
+    assert not check_layer_norm(plain)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2:")
+    assert out.endswith("Hint: after normalizing, multiply by weight and add bias\n")
+
+
+def test_layer_norm_that_ignores_eps_gets_no_misleading_hint(capsys):
+    def no_eps(x, weight, bias, eps):
+        mean = x.mean(-1, keepdim=True)
+        return (x - mean) / x.var(-1, keepdim=True, correction=0).sqrt() * weight + bias
+
+    assert not check_layer_norm(no_eps)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 3:")
+    assert "Hint:" not in out
+
+
+def test_residual_without_the_skip(capsys):
+    assert not check_residual_sublayer(lambda x, sublayer, norm, first: norm(sublayer(x)))
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input ([[0.8639, 3.0566, 1.0199, -0.4787], "
+                          "[0.8761, 1.0456, -0.3372, 0.1371]], Linear(in_features=4, "
+                          "out_features=4, bias=True), LayerNorm((4,), eps=1e-05, ")
+    assert out.endswith("Hint: the residual connection is missing: add the input x to the "
+                        "sub-layer's output\n")
+
+
+def test_residual_orders_swapped(capsys):
+    assert not check_residual_sublayer(
+        lambda x, sublayer, norm, first: residual_sublayer(x, sublayer, norm, not first))
+    assert "Hint: the two orders are swapped" in capsys.readouterr().out
+
+
+def test_pre_norm_that_adds_the_normalized_input(capsys):
+    def wrong(x, sublayer, norm, first):
+        if first:
+            x = norm(x)
+            return x + sublayer(x)
+        return norm(x + sublayer(x))
+
+    assert not check_residual_sublayer(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2:")
+    assert out.endswith("the residual adds the original x, not norm(x)\n")
+
+
+def test_count_without_the_norms(capsys):
+    assert not check_count_block_parameters(lambda d, h, f: 4 * d * d + 4 * d + 2 * d * f + f + d)
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3150336. Hint: each "
+        "layer norm has a weight and a bias of d_model numbers, and the block has two norms\n")
+
+
+def test_count_without_any_bias_gets_no_misleading_hint(capsys):
+    assert not check_count_block_parameters(lambda d, h, f: 4 * d * d + 2 * d * f)
+    out = capsys.readouterr().out
+    assert out == "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3145728\n"
+
+
+def test_the_formula_matches_the_package_block_for_every_case():
+    for d_model, num_heads, d_ff in check_count_block_parameters.cases:
+        assert count_by_building(d_model, num_heads, d_ff) == \
+            check_count_block_parameters.reference(d_model, num_heads, d_ff)

@@ -108,13 +108,23 @@ def check_same_dtype(**tensors: Tensor) -> None:
         raise TypeError(f"{', '.join(dtypes)} must have the same dtype, got {listed}")
 
 
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_int_tensor(name: str, value: object, *, ndim: int | None = None) -> Tensor:
+    """An integer tensor (token ids), optionally with a given number of dimensions."""
+    if not isinstance(value, Tensor) or value.dtype not in _INT_DTYPES:
+        raise TypeError(f"{name} must be an integer tensor of token ids, got "
+                        f"{_type_name(value)}")
+    if ndim is not None and value.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {shape(value)}")
+    return value
+
+
 def check_token_ids(name: str, value: object, vocab_size: int, *,
                     max_len: int | None = None) -> Tensor:
     """A ``(B, T)`` integer tensor of token ids in ``[0, vocab_size)``, ``T <= max_len``."""
-    if not isinstance(value, Tensor) or value.dtype not in (
-            torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-        raise TypeError(f"{name} must be an integer tensor of token ids, got "
-                        f"{_type_name(value)}")
+    check_int_tensor(name, value)
     if value.ndim != 2:
         raise ValueError(f"{name} must have shape (B, T), got {shape(value)}")
     if value.shape[1] == 0:

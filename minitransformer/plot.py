@@ -22,7 +22,16 @@ def _as_numpy(matrix) -> np.ndarray:
     return np.asarray(matrix, dtype=float)
 
 
+# How a cell that is not a number to colour is drawn: -inf is a masked score (chapters 6-11).
+MASKED_LABEL = "−∞"
+MASKED_STYLE = {"facecolor": "#d9d9d9", "edgecolor": "#969696", "hatch": "///", "linewidth": 0}
+
+
 def _format_cell(value: float) -> str:
+    if np.isnan(value):
+        return "NaN"
+    if np.isinf(value):
+        return MASKED_LABEL if value < 0 else "+∞"
     if value == int(value):
         return str(int(value))
     return f"{value:.2f}"
@@ -41,6 +50,10 @@ def heatmap(
     vmax: float | None = None,
 ) -> plt.Axes:
     """Draw a matrix as a grid of coloured cells with labelled rows and columns.
+
+    Cells that are not finite are not coloured as values: ``-inf`` (a masked score) is drawn
+    grey and hatched, labelled "−∞" (or in a legend, when values are not written in the cells);
+    NaN and ``+inf`` are left blank and labelled. The colour scale spans the finite values.
 
     Args:
         matrix: 2-D array-like or tensor of shape ``(rows, cols)``; a 1-D one is drawn as one row.
@@ -66,7 +79,15 @@ def heatmap(
             raise ValueError(f"{name} has {len(labels)} labels for a matrix of shape {values.shape}")
     if ax is None:
         _, ax = plt.subplots(figsize=(max(3.0, 0.55 * cols + 1.5), max(2.0, 0.45 * rows + 1.0)))
-    image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    finite = np.isfinite(values)
+    if not finite.any():  # nothing to scale the colours by
+        vmin, vmax = (0.0 if vmin is None else vmin), (1.0 if vmax is None else vmax)
+    colours = plt.get_cmap(cmap).with_extremes(bad="white")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=colours, vmin=vmin, vmax=vmax,
+                      aspect="auto")
+    masked = np.argwhere(np.isneginf(values))
+    for r, c in masked:
+        ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, label="masked", **MASKED_STYLE))
     ax.set_xticks(range(cols), col_labels if col_labels is not None else range(cols))
     ax.set_yticks(range(rows), row_labels if row_labels is not None else range(rows))
     if col_labels is not None and max((len(str(c)) for c in col_labels), default=0) > 3:
@@ -83,12 +104,18 @@ def heatmap(
         for r in range(rows):
             for c in range(cols):
                 value = values[r, c]
-                if diverging:
+                if not finite[r, c]:
+                    dark = False
+                elif diverging:
                     dark = abs(value - middle) > 0.3 * (high - low)
                 else:
                     dark = value > middle
                 ax.text(c, r, _format_cell(value), ha="center", va="center", fontsize=9,
                         color="white" if dark else "black")
+    elif len(masked):
+        ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, **MASKED_STYLE)],
+                  labels=[f"masked ({MASKED_LABEL})"], loc="upper left",
+                  bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
     if title:
         ax.set_title(title)
     return ax

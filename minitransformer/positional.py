@@ -6,18 +6,10 @@ encodes one new position at a time.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-
-def _int_at_least(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be at least {low}, got {value}")
-    return value
+from minitransformer._checks import check_int, check_number, factory_kwargs
 
 
 def sinusoidal_positional_encoding(
@@ -47,7 +39,7 @@ def sinusoidal_positional_encoding(
             ``offset + num_positions - 1`` (a generator with a cache encodes one new position at a
             time).
         device: where the table should live, usually ``x.device`` of the embeddings it is added
-            to (default: the CPU).
+            to (default: the CPU, whatever torch's default device).
         dtype: a floating-point dtype, usually ``x.dtype`` (default: ``torch.get_default_dtype()``).
 
     Returns:
@@ -55,27 +47,26 @@ def sinusoidal_positional_encoding(
         are the same on every device.
 
     Raises:
+        TypeError: a count, size or offset that is not an int, a base that is not a number, or a
+            ``dtype`` that is not a floating-point dtype.
         ValueError: a negative count or offset, an odd or non-positive ``d_model``, or a base that
             is not a positive finite number.
-        TypeError: ``dtype`` is not a floating-point dtype.
     """
-    _int_at_least("num_positions", num_positions, 0)
-    _int_at_least("d_model", d_model, 1)
-    _int_at_least("offset", offset, 0)
+    check_int("num_positions", num_positions, low=0)
+    check_int("d_model", d_model)
+    check_int("offset", offset, low=0)
     if d_model % 2:
         raise ValueError(f"d_model must be even (sin and cos columns come in pairs), got {d_model}")
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
-        raise ValueError(f"base must be a positive finite number, got {base!r}")
-    if dtype is None:
-        dtype = torch.get_default_dtype()
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    # Angles in float64 on the CPU: positions in the thousands lose digits in float32 before the
-    # sine, and every device then receives the same numbers.
-    positions = torch.arange(offset, offset + num_positions, dtype=torch.float64)[:, None]  # (P, 1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
-    angles = positions / base ** (two_i / d_model)  # (P, d_model/2)
-    encoding = torch.empty(num_positions, d_model, dtype=torch.float64)
+    check_number("base", base, positive=True)
+    factory_kwargs(device, dtype)
+    # Angles in float64, explicitly on the CPU: positions in the thousands lose digits in float32
+    # before the sine, and every device then receives the same numbers.
+    cpu = {"dtype": torch.float64, "device": "cpu"}
+    positions = torch.arange(offset, offset + num_positions, **cpu)[:, None]  # (P, 1)
+    two_i = torch.arange(0, d_model, 2, **cpu)                                # (d_model/2,)
+    angles = positions / base ** (two_i / d_model)                            # (P, d_model/2)
+    encoding = torch.empty(num_positions, d_model, **cpu)
     encoding[:, 0::2] = torch.sin(angles)
     encoding[:, 1::2] = torch.cos(angles)
-    return encoding.to(device=device, dtype=dtype)
+    return encoding.to(device="cpu" if device is None else device,
+                       dtype=torch.get_default_dtype() if dtype is None else dtype)

@@ -36,6 +36,17 @@ def test_causal_mask_is_created_on_the_requested_device():
     assert causal_mask(3, 5, device=torch.device("cpu")).device.type == "cpu"
 
 
+def test_masks_never_land_on_the_default_device():
+    torch.set_default_device("meta")
+    try:
+        assert causal_mask(3).device.type == "cpu"               # no device given: the CPU
+        assert causal_mask(2, 4, device="cpu").device.type == "cpu"
+        tokens = torch.tensor([[1, 0]], device="cpu")
+        assert padding_mask(tokens, 0).device.type == "cpu"      # the device of the tokens
+    finally:
+        torch.set_default_device(None)
+
+
 @pytest.mark.parametrize("args, error, match", [
     ((0,), ValueError, r"q_len must be at least 1, got 0"),
     ((-2,), ValueError, r"q_len must be at least 1, got -2"),
@@ -71,12 +82,14 @@ def test_padding_mask_broadcasts_over_heads_and_queries():
 
 
 @pytest.mark.parametrize("tokens, pad_id, error, match", [
-    (torch.tensor([[1.0, 0.0]]), 0, TypeError, r"integer tensor of token ids, got dtype torch.float32"),
-    (torch.tensor([[True, False]]), 0, TypeError, r"got dtype torch.bool"),
+    (torch.tensor([[1.0, 0.0]]), 0, TypeError,
+     r"tokens must be an integer tensor of token ids, got a tensor of dtype torch.float32"),
+    (torch.tensor([[True, False]]), 0, TypeError, r"got a tensor of dtype torch.bool"),
     ([[1, 0]], 0, TypeError, r"got list"),
-    (torch.tensor([1, 0]), 0, ValueError, r"shape \(B, S\), got shape \(2,\)"),
+    (torch.tensor([1, 0]), 0, ValueError, r"tokens must have 2 dimensions, got shape \(2,\)"),
     (torch.zeros(2, 3, 4, dtype=torch.long), 0, ValueError, r"got shape \(2, 3, 4\)"),
     (torch.tensor([[1, 0]]), 0.0, TypeError, r"pad_id must be an int, got float"),
+    (torch.tensor([[1, 0]]), -1, ValueError, r"pad_id must be at least 0, got -1"),
 ])
 def test_padding_mask_rejects_bad_input(tokens, pad_id, error, match):
     with pytest.raises(error, match=match):

@@ -45,3 +45,34 @@ def test_wrong_label_count_or_rank_is_an_error():
         heatmap(np.eye(2), col_labels=["a", "b", "c"])
     with pytest.raises(ValueError, match="2-D matrix, got shape \\(2, 2, 2\\)"):
         heatmap(np.zeros((2, 2, 2)))
+
+
+def test_masked_scores_are_marked_not_coloured():
+    scores = torch.tensor([[0.5, float("-inf"), float("-inf")],
+                           [1.0, 2.0, float("nan")],
+                           [float("-inf"), -1.0, 0.0]])
+    ax = heatmap(scores, title="scores")                    # no OverflowError from int(-inf)
+    image = ax.images[0]
+    not_coloured = np.ma.getmaskarray(image.get_array())
+    assert not_coloured.tolist() == [[False, True, True], [False, False, True],
+                                     [True, False, False]]
+    assert image.get_clim() == (-1.0, 2.0)                 # the scale spans the finite values
+    hatched = [p for p in ax.patches if p.get_hatch()]
+    assert sorted((p.get_x() + 0.5, p.get_y() + 0.5) for p in hatched) == [(0, 2), (1, 0), (2, 0)]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts.count("−∞") == 3 and texts.count("NaN") == 1 and "0.50" in texts
+
+
+def test_masked_cells_of_a_large_matrix_get_a_legend():
+    scores = torch.randn(30, 30).masked_fill(~torch.ones(30, 30, dtype=torch.bool).tril(),
+                                             float("-inf"))
+    ax = heatmap(scores)
+    assert len(ax.texts) == 0
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["masked (−∞)"]
+    assert len([p for p in ax.patches if p.get_hatch()]) == 30 * 29 // 2
+
+
+def test_a_matrix_with_no_finite_value_still_draws():
+    ax = heatmap(np.full((2, 2), -np.inf))
+    assert ax.images[0].get_clim() == (0.0, 1.0)
+    assert [t.get_text() for t in ax.texts] == ["−∞"] * 4

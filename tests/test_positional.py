@@ -69,17 +69,18 @@ def test_zero_positions_is_an_empty_table():
     assert sinusoidal_positional_encoding(0, 6).shape == (0, 6)
 
 
-@pytest.mark.parametrize("args, kwargs, message", [
-    ((5, 7), {}, "d_model must be even .* got 7"),
-    ((-1, 8), {}, "num_positions must be at least 0, got -1"),
-    ((5, 0), {}, "d_model must be at least 1, got 0"),
-    ((5, 8), {"offset": -3}, "offset must be at least 0, got -3"),
-    ((5.0, 8), {}, "num_positions must be an integer, got 5.0"),
-    ((5, 8), {"base": 0.0}, "base must be a positive finite number, got 0.0"),
-    ((5, 8), {"base": float("inf")}, "base must be a positive finite number, got inf"),
+@pytest.mark.parametrize("args, kwargs, error, message", [
+    ((5, 7), {}, ValueError, "d_model must be even .* got 7"),
+    ((-1, 8), {}, ValueError, "num_positions must be at least 0, got -1"),
+    ((5, 0), {}, ValueError, "d_model must be at least 1, got 0"),
+    ((5, 8), {"offset": -3}, ValueError, "offset must be at least 0, got -3"),
+    ((5.0, 8), {}, TypeError, r"num_positions must be an int, got float \(5.0\)"),
+    ((5, 8), {"base": 0.0}, ValueError, "base must be positive, got 0.0"),
+    ((5, 8), {"base": float("inf")}, ValueError, "base must be finite, got inf"),
+    ((5, 8), {"base": "big"}, TypeError, "base must be a number, got str"),
 ])
-def test_bad_arguments(args, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_arguments(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
         sinusoidal_positional_encoding(*args, **kwargs)
 
 

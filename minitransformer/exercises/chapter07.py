@@ -3,11 +3,11 @@
 Each ``check_<thing>`` is called with the learner's function and prints one line (see
 :mod:`minitransformer.exercises`):
 
-* :data:`check_split_heads` -- ``split_heads(x, num_heads)``: ``(B, T, d_model)`` to
+* :data:`check_split_heads` -- ``my_split_heads(x, num_heads)``: ``(B, T, d_model)`` to
   ``(B, num_heads, T, d_k)``.
-* :data:`check_merge_heads` -- ``merge_heads(x)``: ``(B, num_heads, T, d_k)`` back to
+* :data:`check_merge_heads` -- ``my_merge_heads(x)``: ``(B, num_heads, T, d_k)`` back to
   ``(B, T, d_model)``.
-* :data:`check_count_parameters` -- ``count_parameters(d_model, num_heads, bias)``: the number of
+* :data:`check_count_parameters` -- ``my_count_parameters(d_model, num_heads, bias)``: the number of
   weights in a multi-head attention layer.
 """
 

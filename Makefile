@@ -5,11 +5,13 @@ BIN    := $(VENV)/bin
 # Written after a successful install; older than requirements.txt or pyproject.toml means reinstall.
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test unit notebooks lab execute clean help corpus
+.PHONY: book test unit bench lab execute clean help corpus
 
 help:
 	@echo "make book     build the HTML book into _build/html (creates .venv on first use)"
 	@echo "make test     unit tests, every chapter under nbval, the book build (-W) and the browser test"
+	@echo "make unit     the package's unit tests only (no book build, no notebooks, no browser)"
+	@echo "make bench    run every benchmark in benchmarks/ and print its ratios against PyTorch"
 	@echo "make lab      open the notebooks in JupyterLab with minitransformer importable"
 	@echo "make execute  re-execute every chapter in place (after a package change)"
 
@@ -24,6 +26,18 @@ book: $(STAMP)
 
 test: book
 	$(BIN)/python -m pytest
+
+# Tests that read the built book (_build/html) are left to `make test`.
+BOOK_TESTS := tests/test_book_pages.py tests/test_api_page.py
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/ $(addprefix --ignore=,$(BOOK_TESTS)) -q
+
+# Timings are only meaningful on a quiet machine: the load is printed first.
+bench: $(STAMP)
+	@uptime
+	@for script in benchmarks/*.py; do \
+		echo "== $$script"; $(BIN)/python $$script || exit 1; \
+	done
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab book

@@ -1,0 +1,218 @@
+"""Nothing the package creates lands on an implicit device.
+
+Every public function and module runs here with ``torch.set_default_device("meta")``, CPU inputs
+and ``device="cpu"``: a tensor made without an explicit device would land on "meta", so every
+tensor that comes back (outputs, parameters, buffers) must be on the CPU. This is the cheap proof,
+without a GPU, that nothing ends up on the wrong device on a CUDA machine.
+
+To cover a new public name, append a case below (``@case("name")`` on a function that builds CPU
+inputs and returns what the name produced), or list it in ``NOT_TENSOR_CREATING`` with the reason.
+A name in ``minitransformer.__all__`` that is in neither fails ``test_every_public_name_is_covered``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import minitransformer as mt  # noqa: E402
+
+CPU = "cpu"
+
+# Public names that create no tensor (plain Python, numpy or matplotlib), with the reason.
+NOT_TENSOR_CREATING = {
+    "BPETokenizer": "pure Python: strings and lists of ids",
+    "GPT2_PATTERN": "a regular expression string",
+    "SkipModel": "numpy tables",
+    "Vocabulary": "words and Python ints",
+    "chain_graph": "a matplotlib figure of a numpy table",
+    "default_device": "returns a torch.device, creates no tensor",
+    "embedding_scatter": "a matplotlib figure",
+    "one_hot": "numpy",
+    "positional_encoding_heatmap": "a matplotlib figure",
+    "probability_bars": "a matplotlib figure",
+    "second_order_matrix": "numpy",
+    "tokenize": "strings",
+    "transition_matrix": "numpy",
+    "walk_chain": "numpy",
+}
+
+# Public name -> a function that calls it on CPU inputs and returns what it produced.
+CASES: dict[str, Callable[[], object]] = {}
+
+
+def case(*names: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
+    def register(function: Callable[[], object]) -> Callable[[], object]:
+        for name in names:
+            CASES[name] = function
+        return function
+    return register
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, device=CPU, dtype=dtype,
+                       generator=torch.Generator(device=CPU).manual_seed(0))
+
+
+# --- the cases (append yours at the end) -------------------------------------------------------
+
+@case("softmax")
+def _softmax():
+    return mt.softmax(randn(2, 5).masked_fill(torch.eye(2, 5, device=CPU).bool(), float("-inf")))
+
+
+@case("causal_mask")
+def _causal_mask():
+    return mt.causal_mask(3, 5), mt.causal_mask(4, device=CPU)
+
+
+@case("padding_mask")
+def _padding_mask():
+    return mt.padding_mask(torch.tensor([[1, 2, 0]], device=CPU), 0)
+
+
+@case("sinusoidal_positional_encoding")
+def _positional():
+    return (mt.sinusoidal_positional_encoding(5, 8, offset=3, device=CPU),
+            mt.sinusoidal_positional_encoding(5, 8, dtype=torch.float64))
+
+
+@case("scaled_dot_product_attention")
+def _sdpa():
+    q, k, v = randn(2, 4, 8), randn(2, 6, 8), randn(2, 6, 3)
+    mask = mt.causal_mask(4, 6, device=CPU)
+    return (mt.scaled_dot_product_attention(q, k, v, mask, dropout_p=0.2, return_weights=True),
+            mt.scaled_dot_product_attention(q, k, v, torch.zeros(4, 6, device=CPU)))
+
+
+@case("blocked_attention")
+def _blocked():
+    q, k, v = randn(2, 9, 8), randn(2, 9, 8), randn(2, 9, 3)
+    with torch.no_grad():      # the scratch-buffer path
+        scratch = mt.blocked_attention(q, k, v, mt.causal_mask(9, device=CPU), query_block=4)
+    return scratch, mt.blocked_attention(q.requires_grad_(), k, v, query_block=4)
+
+
+@case("MultiHeadAttention")
+def _mha():
+    mha = mt.MultiHeadAttention(8, 2, dropout=0.1, device=CPU)
+    x, memory = randn(2, 3, 8), randn(2, 5, 8)
+    mask = mt.padding_mask(torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], device=CPU), 0)
+    return (mha, mha(x, memory, attn_mask=mask), mha(x, return_weights=True),
+            mha.attend(x, x, x, attn_mask=mt.causal_mask(3, device=CPU)),
+            mt.MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, device=CPU)),
+            mha.to_torch())
+
+
+@case("sample_next")
+def _sample_next():
+    logits = randn(3, 7)
+    generator = torch.Generator(device=CPU).manual_seed(0)
+    return (mt.sample_next(logits, temperature=0.8, top_k=3, generator=generator),
+            mt.sample_next(logits, temperature=0), mt.sample_next(randn(0, 7)))
+
+
+@case("FeedForward")
+def _feed_forward():
+    block = mt.FeedForward(8, 16, dropout=0.1, activation="gelu", device=CPU)
+    return block, block(randn(2, 3, 8))
+
+
+@case("LayerNorm")
+def _layer_norm():
+    norm = mt.LayerNorm(8, device=CPU)
+    return norm, norm(randn(2, 3, 8))
+
+
+@case("EncoderLayer")
+def _encoder_layer():
+    layer = mt.EncoderLayer(8, 2, 16, dropout=0.1, device=CPU)
+    x = randn(2, 3, 8)
+    return layer, layer(x, attn_mask=mt.causal_mask(3, device=CPU))
+
+
+@case("DecoderLayer")
+def _decoder_layer():
+    layer = mt.DecoderLayer(8, 2, 16, dropout=0.1, norm_first=True, device=CPU)
+    x, memory = randn(2, 3, 8), randn(2, 5, 8)
+    return layer, layer(x, memory, tgt_mask=mt.causal_mask(3, device=CPU))
+
+
+@case("heatmap")
+def _heatmap():
+    scores = randn(3, 3).masked_fill(~mt.causal_mask(3, device=CPU), float("-inf"))
+    return mt.heatmap(scores)
+
+
+# --- the tests ------------------------------------------------------------------------------
+
+@pytest.fixture
+def meta_default_device():
+    previous = torch.get_default_device()
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(previous)
+        plt.close("all")
+
+
+def tensors_in(result: object) -> Iterator[torch.Tensor]:
+    if isinstance(result, torch.Tensor):
+        yield result
+    elif isinstance(result, nn.Module):
+        yield from result.parameters()
+        yield from result.buffers()
+    elif isinstance(result, (tuple, list)):
+        for item in result:
+            yield from tensors_in(item)
+    elif isinstance(result, dict):
+        for item in result.values():
+            yield from tensors_in(item)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_everything_is_created_on_the_cpu_when_the_default_device_is_meta(name,
+                                                                         meta_default_device):
+    assert torch.empty(1).device.type == "meta"          # the trap is set
+    result = CASES[name]()
+    tensors = list(tensors_in(result))
+    if name != "heatmap":
+        assert tensors, f"the {name} case returned no tensor to check"
+    for tensor in tensors:
+        assert tensor.device.type == CPU, f"{name} made a tensor of shape " \
+                                          f"{tuple(tensor.shape)} on {tensor.device}"
+
+
+def test_the_default_device_is_restored(meta_default_device):
+    assert torch.empty(1).device.type == "meta"
+
+
+def test_the_default_device_was_restored_after_the_other_tests():
+    assert torch.empty(1).device.type == CPU
+
+
+def test_every_public_name_is_covered():
+    public = set(mt.__all__)
+    missing = sorted(public - set(CASES) - set(NOT_TENSOR_CREATING))
+    assert not missing, f"add a case (or a NOT_TENSOR_CREATING reason) for {missing}"
+    assert not set(CASES) & set(NOT_TENSOR_CREATING)
+    assert set(CASES) | set(NOT_TENSOR_CREATING) <= public, "a listed name is not public"
+
+
+def test_numpy_names_listed_as_not_tensor_creating_really_return_no_tensor():
+    vocab = mt.Vocabulary(["a", "b"])
+    matrix = mt.transition_matrix(["a b a"], vocab)
+    assert isinstance(matrix, np.ndarray)
+    assert isinstance(mt.one_hot([0, 1], 2), np.ndarray)
+    assert mt.walk_chain(matrix, vocab, "a", rng=np.random.default_rng(0), max_len=3) == \
+        ["a", "b", "a"]

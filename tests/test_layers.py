@@ -561,3 +561,108 @@ def test_inputs_are_checked_once_and_the_unchecked_path_checks_nothing(monkeypat
     calls.clear()
     EncoderLayer(D_MODEL, HEADS, D_FF).encode(x, attn_mask=mask)
     assert calls == []
+
+
+# --- the measurements of chapter 8 (book/08_transformer_blocks.ipynb) -----------------------
+# The same code as the chapter, so that a change to the package cannot quietly undo what the
+# chapter claims. One thread, as in the chapter. The margins are wide (the chapter's numbers
+# are in the comments).
+
+M_D_MODEL, M_HEADS, M_D_FF, M_B, M_T = 64, 4, 256, 4, 16
+
+
+def make_stack(num_layers, *, norm_first=False, dtype=torch.float32, xavier=False, seed=0):
+    _ = torch.manual_seed(seed)
+    layers = [EncoderLayer(M_D_MODEL, M_HEADS, M_D_FF, norm_first=norm_first, dtype=dtype)
+              for _ in range(num_layers)]
+    for p in (p for layer in layers for p in layer.parameters()):
+        if xavier and p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    return layers
+
+
+def run_stack(layers, x, how):
+    scales = []
+    for layer in layers:
+        if how == "no skips":
+            x = layer.self_attn(x)
+            x = layer.feed_forward(x)
+        elif how == "skips":
+            x = x + layer.self_attn(x)
+            x = x + layer.feed_forward(x)
+        else:
+            x = layer(x)
+        scales.append(x.std().item())
+    return x, scales
+
+
+def gradient_norms(layers, how, *, final_norm=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dtype = layers[0].norm1.weight.dtype
+    x = torch.randn(M_B, M_T, M_D_MODEL, generator=g, dtype=dtype)
+    target = torch.randn(M_B, M_T, M_D_MODEL, generator=g, dtype=dtype)
+    out, _ = run_stack(layers, x, how)
+    if final_norm:
+        out = F.layer_norm(out, (M_D_MODEL,))
+    F.mse_loss(out, target).backward()
+    return [torch.cat([p.grad.flatten() for p in layer.parameters()
+                       if p.grad is not None]).norm().item() for layer in layers]
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_chapter8_skips_carry_the_gradient_to_the_first_layer(one_thread):
+    no_skips = gradient_norms(make_stack(24, dtype=torch.float64), "no skips")
+    skips = gradient_norms(make_stack(24, dtype=torch.float64), "skips")
+    assert no_skips[0] < 1e-20 < 1 < skips[0]                  # 2.1e-27 and 87
+    assert skips[0] / no_skips[0] > 1e20                        # 4e28
+    assert (no_skips[-1] / no_skips[0]) ** (1 / 23) > 5         # 12.8 per layer
+    assert skips[0] > skips[-1]                                 # 87 > 39: no vanishing
+
+
+def test_chapter8_a_skip_keeps_the_token_when_attention_gives_nothing():
+    _ = torch.manual_seed(0)
+    layer = EncoderLayer(M_D_MODEL, M_HEADS, M_D_FF)
+    with torch.no_grad():
+        layer.self_attn.out_proj.weight.zero_()
+        layer.self_attn.out_proj.bias.zero_()
+    x = torch.randn(1, M_T, M_D_MODEL)
+    attended = layer.self_attn(x)
+    assert torch.equal(x + attended, x)
+    assert bool((attended == attended[:, :1]).all())            # every position the same
+
+
+def test_chapter8_activation_scale_drifts_without_norms(one_thread):
+    x0 = torch.randn(M_B, M_T, M_D_MODEL, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, skips = run_stack(make_stack(24), x0, "skips")
+        _, post = run_stack(make_stack(24), x0, "block")
+        _, pre = run_stack(make_stack(24, norm_first=True), x0, "block")
+    assert skips[-1] > 3                                        # 3.42
+    assert (skips[-1] / skips[0]) ** (1 / 23) > 1.03            # 1.053 per layer
+    assert all(abs(s - 1) < 0.01 for s in post)                 # 1.00
+    assert 1.3 < pre[-1] < 2.2                                  # 1.77
+    assert pre[0] < pre[11] < pre[-1]                           # 1.04, 1.42, 1.77
+
+
+def test_chapter8_post_norm_gives_the_top_layer_larger_gradients_than_pre_norm(one_thread):
+    depths = [6, 12, 24, 48]
+    last = {False: [], True: []}
+    for num_layers in depths:
+        for norm_first in (False, True):
+            values = [gradient_norms(make_stack(num_layers, norm_first=norm_first, xavier=True,
+                                                seed=seed), "block", final_norm=norm_first,
+                                     seed=seed)[-1] for seed in range(2)]
+            last[norm_first].append(sum(values) / 2)
+    post, pre = last[False], last[True]                         # 0.58..0.61 and 0.20..0.069
+    ratios = [a / b for a, b in zip(post, pre)]                 # 2.8, 4.2, 5.9, 8.9
+    assert max(post) / min(post) < 1.25                         # post-norm: flat in depth
+    assert all(a > b for a, b in zip(pre, pre[1:]))             # pre-norm: shrinks
+    assert ratios[2] > 4
+    assert ratios[-1] / ratios[0] > 2                           # about sqrt(48 / 6) = 2.8

@@ -10,6 +10,7 @@ from minitransformer.attention import (
     scaled_dot_product_attention,
 )
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
+from minitransformer.cache import KVCache
 from minitransformer.device import default_device
 from minitransformer.functional import softmax
 from minitransformer.generate import sample_next
@@ -31,6 +32,7 @@ __all__ = [
     "DecoderLayer",
     "EncoderLayer",
     "FeedForward",
+    "KVCache",
     "GPT2_PATTERN",
     "LayerNorm",
     "MultiHeadAttention",

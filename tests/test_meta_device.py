@@ -153,6 +153,14 @@ def _heatmap():
     return mt.heatmap(scores)
 
 
+@case("KVCache")
+def _kv_cache():
+    grown, preallocated = mt.KVCache(2), mt.KVCache(2, max_len=6)
+    new = randn(2, 3, 4, 8)
+    return grown.update(0, new, new), grown.update(0, new, new), \
+        preallocated.update(1, new, new), preallocated.keys, preallocated.values
+
+
 # --- the tests ------------------------------------------------------------------------------
 
 @pytest.fixture

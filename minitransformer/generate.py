@@ -110,8 +110,9 @@ def generate(
     _checks.check_token_ids("idx", idx, config.vocab_size, max_len=config.context_length)
     _checks.check_int("max_new_tokens", max_new_tokens, low=0)
     _checks.check_number("temperature", temperature, low=0.0)
-    if top_k is not None:
-        _checks.check_int("top_k", top_k)
+    if top_k is not None and _checks.check_int("top_k", top_k) > config.vocab_size:
+        raise ValueError(f"top_k must be at most the vocabulary size {config.vocab_size}, "
+                         f"got {top_k}")
     total = idx.shape[1] + max_new_tokens
     if total > config.context_length:
         raise ValueError(f"the prompt's {idx.shape[1]} tokens plus max_new_tokens="

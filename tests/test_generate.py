@@ -114,3 +114,70 @@ def test_stays_on_the_logits_device_and_accepts_float64():
     logits = FRANCE.double()
     ids = sample_next(logits, top_k=2, generator=torch.Generator().manual_seed(0))
     assert ids.dtype == torch.long and ids.device == logits.device and ids.item() in (0, 1)
+
+
+# --- generate (chapter 9) -------------------------------------------------------------------
+
+from minitransformer.generate import generate  # noqa: E402
+from minitransformer.gpt import GPT, GPTConfig  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=9, context_length=12, num_layers=1, num_heads=2,
+                         d_model=16))
+
+
+def test_generate_appends_tokens_to_the_prompt(gpt):
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    out = generate(gpt, prompt, 5, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 8) and out.dtype == torch.long
+    assert torch.equal(out[:, :3], prompt)
+    assert ((0 <= out) & (out < 9)).all()
+
+
+def test_temperature_zero_is_greedy(gpt):
+    out = generate(gpt, torch.tensor([[1, 2]]), 6, temperature=0)
+    idx = torch.tensor([[1, 2]])
+    for _ in range(6):  # the greedy loop written out
+        logits, _ = gpt(idx)
+        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, idx)
+
+
+def test_generate_repeats_with_a_seed_and_keeps_to_top_k(gpt):
+    prompt = torch.tensor([[3, 1]]).expand(50, 2)
+    first = generate(gpt, prompt, 4, temperature=2.0, generator=torch.Generator().manual_seed(1))
+    again = generate(gpt, prompt, 4, temperature=2.0, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(first, again)
+    greedy = generate(gpt, prompt, 4, top_k=1, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(greedy, generate(gpt, prompt, 4, temperature=0))
+
+
+def test_generate_restores_training_mode(gpt):
+    gpt.train()
+    generate(gpt, torch.tensor([[1]]), 2)
+    assert gpt.training
+    gpt.eval()
+
+
+def test_too_many_tokens_for_the_context_is_a_value_error(gpt):
+    assert generate(gpt, torch.tensor([[1, 2]]), 10).shape == (1, 12)
+    with pytest.raises(ValueError, match="2 tokens plus max_new_tokens=11 make 13, more than "
+                                         "context_length=12"):
+        generate(gpt, torch.tensor([[1, 2]]), 11)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(temperature=-1.0), ValueError, "temperature must be at least 0"),
+    (dict(top_k=0), ValueError, "top_k must be at least 1"),
+    (dict(top_k=10), ValueError, "top_k must be at most the vocabulary size 9"),
+    (dict(max_new_tokens=-1), ValueError, "max_new_tokens must be at least 0"),
+    (dict(idx=torch.tensor([[1, 9]])), ValueError, "token id 9"),
+    (dict(idx=torch.tensor([1, 2])), ValueError, r"shape \(B, T\)"),
+])
+def test_generate_names_bad_arguments(gpt, kwargs, error, message):
+    args = dict(idx=torch.tensor([[1, 2]]), max_new_tokens=2) | kwargs
+    with pytest.raises(error, match=message):
+        generate(gpt, args.pop("idx"), args.pop("max_new_tokens"), **args)

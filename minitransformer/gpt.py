@@ -1,0 +1,184 @@
+"""A small GPT: the decoder-only transformer, built from chapter 8's blocks (chapter 9).
+
+Token ids become vectors (token embedding plus a position vector), pass through a stack of
+pre-norm :class:`~minitransformer.layers.EncoderLayer` blocks under a causal mask, a final layer
+norm, and an output head that shares its weights with the token embedding ("weight tying",
+Press and Wolf, 2017). "Decoder-only" is the name of the family; the block it stacks has the
+encoder layer's shape, self-attention plus feed-forward with no cross-attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minitransformer import _checks
+from minitransformer.layers import EncoderLayer, LayerNorm
+from minitransformer.masks import causal_mask
+from minitransformer.positional import sinusoidal_positional_encoding
+
+POSITIONAL = ("learned", "sinusoidal")
+
+
+@dataclass
+class GPTConfig:
+    """The sizes of a :class:`GPT`.
+
+    Args:
+        vocab_size: the number of tokens N.
+        context_length: the most positions the model reads at once (nanoGPT's ``block_size``).
+        num_layers: how many transformer blocks are stacked.
+        num_heads: attention heads per block; must divide ``d_model``.
+        d_model: the width of every token vector.
+        d_ff: the feed-forward hidden width; ``None`` means ``4 * d_model``.
+        dropout: dropout probability in training (embeddings, attention, residual branches).
+        positional: ``"learned"`` (a trained vector per position, as in GPT-2) or
+            ``"sinusoidal"`` (chapter 5's fixed encoding; ``d_model`` must be even).
+
+    Raises:
+        TypeError, ValueError: a size that is not a positive int, ``d_model`` not divisible by
+            ``num_heads``, a bad ``dropout`` or ``positional``.
+    """
+
+    vocab_size: int
+    context_length: int
+    num_layers: int
+    num_heads: int
+    d_model: int
+    d_ff: int | None = None
+    dropout: float = 0.0
+    positional: str = "learned"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context_length", "num_layers", "num_heads", "d_model"):
+            _checks.check_int(name, getattr(self, name))
+        _checks.check_divisible(self.d_model, self.num_heads)
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        _checks.check_int("d_ff", self.d_ff)
+        _checks.check_probability("dropout", self.dropout)
+        _checks.check_choice("positional", self.positional, POSITIONAL)
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer language model.
+
+    ``logits = head(norm(blocks(token_embedding(idx) + position(idx))))``, with a causal mask
+    in every block and ``head.weight`` the same tensor as ``token_embedding.weight``.
+
+    Args:
+        config: the sizes (:class:`GPTConfig`).
+        device, dtype: where and in what precision to create the parameters.
+
+    Sub-modules: ``token_embedding``, ``position_embedding`` (``None`` for sinusoidal
+    positions), ``dropout``, ``layers`` (:class:`~minitransformer.layers.EncoderLayer`,
+    pre-norm, GELU), ``norm``, ``head``.
+
+    Weights start as GPT-2's: every linear and embedding weight normal with std 0.02, biases
+    zero, layer norms at weight 1 and bias 0.
+    """
+
+    def __init__(self, config: GPTConfig, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        factory = _checks.factory_kwargs(device, dtype)
+        self.config = c = config
+        self.token_embedding = nn.Embedding(c.vocab_size, c.d_model, **factory)
+        self.position_embedding = (nn.Embedding(c.context_length, c.d_model, **factory)
+                                   if c.positional == "learned" else None)
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout, activation="gelu",
+                         norm_first=True, **factory)
+            for _ in range(c.num_layers))
+        self.norm = LayerNorm(c.d_model, **factory)
+        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False, **factory)
+        self.head.weight = self.token_embedding.weight  # weight tying: one (N, d_model) matrix
+        self.apply(_init_weights)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Next-token scores for every position, and the loss when ``targets`` are given.
+
+        Args:
+            idx: ``(B, T)`` token ids, ``T <= context_length``.
+            targets: ``(B, T)`` the token that follows each position (``idx`` shifted left).
+
+        Returns:
+            ``(logits, loss)``: logits ``(B, T, vocab_size)``; ``loss`` the mean cross-entropy
+            over all ``B * T`` positions, or ``None`` without targets.
+
+        Raises:
+            TypeError: ``idx`` or ``targets`` is not an integer tensor.
+            ValueError: a shape other than ``(B, T)``, ``T > context_length``, a token id
+                outside ``[0, vocab_size)``, or ``targets`` shaped unlike ``idx``.
+        """
+        c = self.config
+        _checks.check_token_ids("idx", idx, c.vocab_size, max_len=c.context_length)
+        if targets is not None:
+            _checks.check_token_ids("targets", targets, c.vocab_size)
+            if targets.shape != idx.shape:
+                raise ValueError(f"targets must have the shape of idx {_checks.shape(idx)}, "
+                                 f"got {_checks.shape(targets)}")
+        x = self.embed(idx)                                           # (B, T, d_model)
+        mask = causal_mask(idx.shape[1], device=idx.device)          # (T, T)
+        for layer in self.layers:
+            x = layer.encode(x, attn_mask=mask)
+        logits = self.head(self.norm.normalize(x))                    # (B, T, N)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+    def embed(self, idx: Tensor, *, offset: int = 0) -> Tensor:
+        """Token vectors plus position vectors (then dropout), ``(B, T)`` ids -> ``(B, T,
+        d_model)``; ``offset`` is the position of the first column. Unchecked: call with ids
+        that :meth:`forward` would accept."""
+        x = self.token_embedding(idx)                                 # (B, T, d_model)
+        length = idx.shape[1]
+        if self.position_embedding is not None:
+            positions = torch.arange(offset, offset + length, device=idx.device)
+            x = x + self.position_embedding(positions)                # (T, d_model) broadcast
+        else:
+            x = x + sinusoidal_positional_encoding(length, self.config.d_model, offset=offset,
+                                                   device=x.device, dtype=x.dtype)
+        return self.dropout(x)
+
+    @torch.no_grad()
+    def attention_weights(self, idx: Tensor) -> list[Tensor]:
+        """Every layer's attention weights for ``idx``: a list of ``num_layers`` tensors
+        ``(B, num_heads, T, T)``, row = query position, column = key position."""
+        c = self.config
+        _checks.check_token_ids("idx", idx, c.vocab_size, max_len=c.context_length)
+        x = self.embed(idx)
+        mask = causal_mask(idx.shape[1], device=idx.device)
+        weights = []
+        for layer in self.layers:
+            h = layer.norm1.normalize(x)
+            weights.append(layer.self_attn.attend(h, h, h, attn_mask=mask,
+                                                  return_weights=True)[1])
+            x = layer.encode(x, attn_mask=mask)
+        return weights
+
+    def extra_repr(self) -> str:
+        return f"positional={self.config.positional!r}"
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2's initialisation (Radford et al., 2019): N(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """The number of distinct trainable numbers; a tied weight counts once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+

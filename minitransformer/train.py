@@ -1,0 +1,210 @@
+"""Training a model on batches, measuring it, saving and loading it (chapter 9).
+
+One loop trains every model of the book: each batch is a tuple passed as ``model(*batch)``, and
+the model returns ``(logits, loss)``. A GPT's batches are ``(idx, targets)`` (chapter 9), an
+encoder-decoder's ``(src, tgt_in, targets)`` (chapter 10).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+import tqdm
+from torch import Tensor, nn
+
+from minitransformer import _checks
+
+
+@dataclass
+class TrainingHistory:
+    """What :func:`train` measured, one entry per evaluation point.
+
+    Attributes:
+        steps: the step number of each point (1-based: after that many updates).
+        train_losses: the mean training loss over the steps since the previous point.
+        val_losses: the loss on the validation batches at each point (empty without them).
+        learning_rates: the learning rate of each step, ``steps`` entries in all.
+    """
+
+    steps: list[int] = field(default_factory=list)
+    train_losses: list[float] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
+    learning_rates: list[float] = field(default_factory=list)
+
+
+def learning_rate(step: int, *, steps: int, lr: float, warmup_steps: int) -> float:
+    """The schedule of :func:`train`: a linear warm-up from ``lr / warmup_steps`` to ``lr`` over
+    the first ``warmup_steps`` steps, then a cosine decay to ``lr / 10`` at the last step.
+    ``step`` counts from 0."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, steps - 1 - warmup_steps)
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def _endless(batches: Iterable[tuple]) -> Iterator[tuple]:
+    """The batches over and over: a list is reused, an iterator must not run out."""
+    count = 0
+    while True:
+        before = count
+        for batch in batches:
+            count += 1
+            yield batch
+        if count == before:
+            raise ValueError(f"batches ran out after {count} batches: pass a list (reused in "
+                             f"turn) or an endless iterator such as data.random_batches"
+                             if count else "batches is empty")
+
+
+def _loss_of(model: nn.Module, batch: object) -> Tensor:
+    if not isinstance(batch, tuple):
+        raise TypeError(f"each batch must be a tuple of model inputs, e.g. (idx, targets), got "
+                        f"{type(batch).__name__}")
+    output = model(*batch)
+    if not isinstance(output, tuple) or len(output) != 2 or output[1] is None:
+        raise ValueError("model(*batch) must return (logits, loss) with a loss: do the batches "
+                         "hold the targets?")
+    return output[1]
+
+
+def _optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW; weight decay on the matrices only, not on biases and layer-norm parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+
+def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
+          val_batches: Iterable[tuple] | None = None, eval_every: int = 100,
+          warmup_steps: int | None = None, weight_decay: float = 0.1,
+          max_grad_norm: float = 1.0, progress: bool = True) -> TrainingHistory:
+    """Train ``model`` for ``steps`` updates with AdamW (Loshchilov and Hutter, 2019).
+
+    Each step takes the next batch, computes ``loss = model(*batch)[1]``, clips the gradient to
+    norm ``max_grad_norm`` and updates with the learning rate of :func:`learning_rate` (warm-up,
+    then cosine decay). Every ``eval_every`` steps, and after the last, the history records the
+    mean training loss since the previous point and, with ``val_batches``, :func:`evaluate`'s
+    validation loss. The model is left in eval mode.
+
+    Args:
+        model: returns ``(logits, loss)`` for ``model(*batch)``.
+        batches: tuples of tensors; a list is reused in turn, an iterator (such as
+            :func:`~minitransformer.data.random_batches`) must last ``steps`` batches.
+        steps: the number of updates.
+        lr: the peak learning rate.
+        val_batches: a list of batches for the validation loss.
+        eval_every: steps between evaluation points.
+        warmup_steps: steps of linear warm-up; default ``min(100, steps // 10)``, at least 1.
+        weight_decay: AdamW's decoupled weight decay, applied to weight matrices only.
+        max_grad_norm: the gradient's total norm is clipped to this.
+        progress: show a tqdm progress bar (a plain text bar, so stored notebooks hold text).
+
+    Returns:
+        a :class:`TrainingHistory`. Runs repeat exactly with the same seed, batches and thread
+        count on the same machine.
+
+    Raises:
+        TypeError, ValueError: bad arguments, a batch that is not a tuple, a model that returns
+            no loss, batches that run out, or a loss that becomes NaN or infinite.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    _checks.check_int("steps", steps)
+    lr = _checks.check_number("lr", lr, positive=True)
+    _checks.check_int("eval_every", eval_every)
+    warmup_steps = (max(1, min(100, steps // 10)) if warmup_steps is None
+                    else _checks.check_int("warmup_steps", warmup_steps))
+    _checks.check_number("weight_decay", weight_decay, low=0.0)
+    _checks.check_number("max_grad_norm", max_grad_norm, positive=True)
+    val_batches = None if val_batches is None else list(val_batches)
+
+    optimizer = _optimizer(model, lr, weight_decay)
+    history = TrainingHistory()
+    stream = _endless(batches)
+    running, since = 0.0, 0
+    bar = tqdm.tqdm(total=steps, disable=not progress, desc="training", unit="step",
+                    mininterval=0.5)
+    model.train()
+    for step in range(steps):
+        rate = learning_rate(step, steps=steps, lr=lr, warmup_steps=warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+        loss = _loss_of(model, next(stream))
+        if not torch.isfinite(loss):
+            raise ValueError(f"the loss became {loss.item()} at step {step + 1}: try a lower lr")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        history.learning_rates.append(rate)
+        running, since = running + loss.item(), since + 1
+        bar.update(1)
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            history.steps.append(step + 1)
+            history.train_losses.append(running / since)
+            running, since = 0.0, 0
+            postfix = {"train loss": f"{history.train_losses[-1]:.3f}"}
+            if val_batches is not None:
+                history.val_losses.append(evaluate(model, val_batches))
+                model.train()
+                postfix["val loss"] = f"{history.val_losses[-1]:.3f}"
+            bar.set_postfix(postfix)
+    bar.close()
+    model.eval()
+    return history
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[tuple]) -> float:
+    """The mean loss of ``model`` over ``batches``, in eval mode (no dropout), each batch
+    weighted by its size (the first dimension of its first tensor). The model's mode is
+    restored afterwards."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for batch in batches:
+        size = batch[0].shape[0] if isinstance(batch, tuple) and batch else 0
+        total += _loss_of(model, batch).item() * size
+        count += size
+    model.train(was_training)
+    if count == 0:
+        raise ValueError("evaluate needs at least one non-empty batch")
+    return total / count
+
+
+def save_model(model: nn.Module, path: str | os.PathLike) -> None:
+    """Save the model's weights (its state dict) to ``path``."""
+    torch.save(model.state_dict(), path)
+
+
+def load_model(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load weights saved by :func:`save_model` into ``model`` (built with the same config).
+
+    The file is read with ``torch.load(..., weights_only=True)``: tensors only, no code.
+
+    Returns:
+        ``model``, for chaining.
+
+    Raises:
+        ValueError: the saved weights do not fit the model: names each missing or unexpected
+            entry and each shape that differs, e.g. ``token_embedding.weight: saved (47, 64),
+            model (50, 64)``.
+    """
+    device = next(model.parameters()).device
+    state = torch.load(path, map_location=device, weights_only=True)
+    ours = model.state_dict()
+    problems = [f"{name}: saved {tuple(state[name].shape)}, model {tuple(t.shape)}"
+                for name, t in ours.items() if name in state and state[name].shape != t.shape]
+    problems += [f"{name}: missing from the saved weights" for name in ours if name not in state]
+    problems += [f"{name}: saved, but the model has no such entry"
+                 for name in state if name not in ours]
+    if problems:
+        raise ValueError("the saved weights do not fit this model (was it built with another "
+                         "config?):\n  " + "\n  ".join(problems))
+    model.load_state_dict(state)
+    return model

@@ -1,0 +1,174 @@
+"""The training loop, evaluation, saving and loading (minitransformer.train, chapter 9)."""
+
+import math
+
+import pytest
+import torch
+
+from minitransformer import Vocabulary
+from minitransformer.data import EOS, command_splits, random_batches, token_stream, window_batches
+from minitransformer.gpt import GPT, GPTConfig
+from minitransformer.train import (
+    TrainingHistory,
+    evaluate,
+    learning_rate,
+    load_model,
+    save_model,
+    train,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models train faster on one thread, and a busy machine cannot slow them down by
+    making two threads wait for each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_config(**changes):
+    sizes = dict(vocab_size=12, context_length=8, num_layers=1, num_heads=2, d_model=16)
+    return GPTConfig(**{**sizes, **changes})
+
+
+@pytest.fixture(scope="module")
+def command_data():
+    train_sentences, val_sentences = command_splits(300, 40, seed=0)
+    vocab = Vocabulary.from_sentences(train_sentences + val_sentences, specials=(EOS,))
+    return vocab, token_stream(train_sentences, vocab), token_stream(val_sentences, vocab)
+
+
+def seeded_run(command_data, steps=50):
+    vocab, stream, val_stream = command_data
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(len(vocab), 16, 1, 2, 32))
+    batches = random_batches(stream, batch_size=16, context_length=16,
+                             generator=torch.Generator().manual_seed(0))
+    val = window_batches(val_stream, batch_size=16, context_length=16)
+    history = train(model, batches, steps=steps, lr=3e-3, val_batches=val, eval_every=10,
+                    progress=False)
+    return model, history, val
+
+
+def test_a_seeded_50_step_run_lowers_the_loss(command_data):
+    model, history, val = seeded_run(command_data)
+    assert isinstance(history, TrainingHistory)
+    assert history.steps == [10, 20, 30, 40, 50]
+    assert len(history.train_losses) == len(history.val_losses) == 5
+    assert len(history.learning_rates) == 50
+    first = math.log(len(command_data[0]))
+    assert history.val_losses[-1] < first - 1.0
+    assert history.train_losses[-1] < history.train_losses[0]
+    assert evaluate(model, val) == pytest.approx(history.val_losses[-1])
+    assert not model.training
+
+
+def test_training_twice_with_the_same_seed_gives_the_same_history(command_data):
+    _, first, _ = seeded_run(command_data, steps=20)
+    _, again, _ = seeded_run(command_data, steps=20)
+    assert first == again
+
+
+def test_a_tiny_fixed_batch_is_memorised():
+    torch.manual_seed(0)
+    model = GPT(tiny_config())
+    idx = torch.randint(12, (4, 8), generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(12, (4, 8), generator=torch.Generator().manual_seed(2))
+    history = train(model, [(idx, targets)], steps=150, lr=1e-2, eval_every=150,
+                    weight_decay=0.0, progress=False)
+    assert history.train_losses[-1] < 1.0
+    logits, loss = model(idx, targets)
+    assert loss.item() < 0.05
+    assert torch.equal(logits.argmax(-1), targets)
+
+
+def test_the_schedule_warms_up_then_decays_to_a_tenth():
+    rates = [learning_rate(s, steps=100, lr=1.0, warmup_steps=10) for s in range(100)]
+    assert rates[0] == pytest.approx(0.1) and rates[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(rates[:9], rates[1:10]))
+    assert all(a >= b for a, b in zip(rates[9:], rates[10:]))
+    assert rates[-1] == pytest.approx(0.1)
+
+
+def test_a_list_of_batches_is_reused_and_an_iterator_must_last():
+    model = GPT(tiny_config())
+    batch = (torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
+    assert train(model, [batch, batch], steps=5, lr=1e-3, progress=False).steps == [5]
+    with pytest.raises(ValueError, match="ran out after 2 batches"):
+        train(model, iter([batch, batch]), steps=5, lr=1e-3, progress=False)
+    with pytest.raises(ValueError, match="batches is empty"):
+        train(model, [], steps=5, lr=1e-3, progress=False)
+
+
+def test_errors_are_named():
+    model = GPT(tiny_config())
+    idx = torch.zeros(2, 8, dtype=torch.long)
+    with pytest.raises(TypeError, match="each batch must be a tuple"):
+        train(model, [[idx, idx]], steps=1, lr=1e-3, progress=False)
+    with pytest.raises(ValueError, match="hold the targets"):
+        train(model, [(idx,)], steps=1, lr=1e-3, progress=False)
+    with pytest.raises(ValueError, match="lr must be positive"):
+        train(model, [(idx, idx)], steps=1, lr=0.0, progress=False)
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        train(model, [(idx, idx)], steps=0, lr=1e-3, progress=False)
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        train(lambda *b: b, [(idx, idx)], steps=1, lr=1e-3, progress=False)
+    with pytest.raises(ValueError, match="the loss became"):
+        train(model, [(idx, idx)], steps=3, lr=1e30, warmup_steps=1, max_grad_norm=1e30,
+              progress=False)
+
+
+def test_one_loop_trains_a_model_with_three_inputs():
+    """Chapter 10's encoder-decoder passes (src, tgt_in, targets): the loop does not care."""
+
+    class Echo(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(5, 5)
+
+        def forward(self, src, tgt_in, targets):
+            logits = self.table(src) + self.table(tgt_in)
+            return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                             targets.flatten())
+
+    torch.manual_seed(0)
+    src = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    batch = (src, torch.zeros_like(src), src)
+    history = train(Echo(), [batch], steps=60, lr=0.1, eval_every=20, progress=False)
+    assert history.train_losses[-1] < history.train_losses[0]
+
+
+def test_progress_bar_can_be_turned_on_and_off(capsys):
+    model = GPT(tiny_config())
+    batch = (torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
+    train(model, [batch], steps=3, lr=1e-3, progress=False)
+    assert "training" not in capsys.readouterr().err
+    train(model, [batch], steps=3, lr=1e-3, progress=True)
+    assert "training: 100%" in capsys.readouterr().err
+
+
+def test_save_and_load_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(tiny_config())
+    path = tmp_path / "gpt.pt"
+    save_model(model, path)
+    torch.manual_seed(1)
+    other = GPT(tiny_config())
+    assert load_model(other, path) is other
+    idx = torch.randint(12, (2, 8))
+    torch.testing.assert_close(other(idx)[0], model(idx)[0], rtol=0, atol=0)
+    assert other.head.weight is other.token_embedding.weight
+
+
+def test_loading_into_another_config_names_the_mismatched_shapes(tmp_path):
+    path = tmp_path / "gpt.pt"
+    save_model(GPT(tiny_config()), path)
+    with pytest.raises(ValueError, match=r"token_embedding.weight: saved \(12, 16\), model "
+                                         r"\(13, 16\)"):
+        load_model(GPT(tiny_config(vocab_size=13)), path)
+    with pytest.raises(ValueError, match="layers.1.norm1.weight: missing"):
+        load_model(GPT(tiny_config(num_layers=2)), path)
+    with pytest.raises(ValueError, match="position_embedding.weight: saved, but the model"):
+        load_model(GPT(tiny_config(positional="sinusoidal")), path)

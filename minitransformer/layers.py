@@ -171,10 +171,11 @@ class LayerNorm(nn.Module):
         return self.normalize(x)
 
     def normalize(self, x: Tensor) -> Tensor:
-        """:meth:`forward` without the input check, for callers that checked ``x`` already."""
-        mean = x.mean(dim=-1, keepdim=True)                          # (..., 1)
-        variance = x.var(dim=-1, keepdim=True, correction=0)         # (..., 1)
-        return (x - mean) / torch.sqrt(variance + self.eps) * self.weight + self.bias
+        """:meth:`forward` without the input check (for callers that checked)."""
+        mean = x.mean(dim=-1, keepdim=True)                     # (..., 1)
+        variance = x.var(dim=-1, keepdim=True, correction=0)    # (..., 1)
+        normalized = (x - mean) / torch.sqrt(variance + self.eps)
+        return normalized * self.weight + self.bias
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
@@ -271,7 +272,7 @@ class EncoderLayer(nn.Module):
         return self.encode(x, attn_mask=attn_mask)
 
     def encode(self, x: Tensor, *, attn_mask: Tensor | None = None) -> Tensor:
-        """:meth:`forward` without the input checks, for callers that checked already."""
+        """:meth:`forward` without the input checks (for callers that checked)."""
         if self.norm_first:
             x = x + self._self_attention(self.norm1.normalize(x), attn_mask)
             x = x + self._feed_forward(self.norm2.normalize(x))

@@ -13,7 +13,8 @@ from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.cache import KVCache
 from minitransformer.device import default_device
 from minitransformer.functional import softmax
-from minitransformer.generate import sample_next
+from minitransformer.generate import generate, sample_next
+from minitransformer.gpt import GPT, GPTConfig
 from minitransformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm
 from minitransformer.markov import SkipModel, second_order_matrix, transition_matrix, walk_chain
 from minitransformer.masks import causal_mask, padding_mask
@@ -25,6 +26,7 @@ from minitransformer.plot import (
     probability_bars,
 )
 from minitransformer.positional import sinusoidal_positional_encoding
+from minitransformer.train import evaluate, train
 from minitransformer.vocab import Vocabulary, one_hot, tokenize
 
 __all__ = [
@@ -32,6 +34,8 @@ __all__ = [
     "DecoderLayer",
     "EncoderLayer",
     "FeedForward",
+    "GPT",
+    "GPTConfig",
     "KVCache",
     "GPT2_PATTERN",
     "LayerNorm",
@@ -43,6 +47,8 @@ __all__ = [
     "chain_graph",
     "default_device",
     "embedding_scatter",
+    "evaluate",
+    "generate",
     "heatmap",
     "one_hot",
     "padding_mask",
@@ -54,6 +60,7 @@ __all__ = [
     "sinusoidal_positional_encoding",
     "softmax",
     "tokenize",
+    "train",
     "transition_matrix",
     "walk_chain",
 ]

@@ -138,17 +138,19 @@ def far_word_distance(sentence: str | Sequence[str]) -> tuple[str, int]:
     return words[far[0]], words.index("ran") - far[0]
 
 
-def token_stream(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS) -> Tensor:
+def token_stream(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS,
+                 device: torch.device | str | None = None) -> Tensor:
     """All sentences as one long tensor of token ids, each followed by ``eos``.
 
     Returns:
-        long tensor of shape ``(total tokens,)``: ``s1 <eos> s2 <eos> ...``.
+        long tensor of shape ``(total tokens,)`` on ``device`` (default: the CPU):
+        ``s1 <eos> s2 <eos> ...``.
     """
     if isinstance(sentences, str):
         raise TypeError("sentences must be a list of sentences, not a single string")
     end = vocab.index(eos)
     ids = [i for sentence in sentences for i in [*vocab.encode(sentence), end]]
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long, device=device or "cpu")
 
 
 def shift_pairs(windows: Tensor) -> tuple[Tensor, Tensor]:
@@ -184,10 +186,10 @@ def random_batches(stream: Tensor, *, batch_size: int, context_length: int,
     _checks.check_int("batch_size", batch_size)
     _checks.check_int("context_length", context_length)
     stream = _check_stream(stream, context_length)
-    offsets = torch.arange(context_length + 1)
+    offsets = torch.arange(context_length + 1, device=stream.device)
     while True:
         starts = torch.randint(stream.numel() - context_length, (batch_size,),
-                               generator=generator)
+                               generator=generator, device=stream.device)
         yield shift_pairs(stream[starts[:, None] + offsets])  # (B, T + 1) -> 2 x (B, T)
 
 
@@ -206,15 +208,17 @@ def window_batches(stream: Tensor, *, batch_size: int,
             for i in range(0, count, batch_size)]
 
 
-def cue_batch(sentences: Sequence[str], vocab: Vocabulary, *,
-              eos: str = EOS) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def cue_batch(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS,
+              device: torch.device | str | None = None
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Every sentence as a prompt that ends at *ran*, for the next-word accuracy on the cue.
 
     Each row is ``<eos>`` followed by the sentence's words up to *ran*, padded on the right with
     ``eos`` to the longest row (a causal model never sees the padding from *ran*'s position).
 
     Returns:
-        ``(idx, position, cue, distance)``: ``idx`` ``(B, T)`` token ids; ``position`` ``(B,)``
+        ``(idx, position, cue, distance)``, long tensors on ``device`` (default: the CPU):
+        ``idx`` ``(B, T)`` token ids; ``position`` ``(B,)``
         the column of *ran*; ``cue`` ``(B,)`` the id of the right next word; ``distance``
         ``(B,)`` how many words before *ran* the far word sits.
     """
@@ -229,5 +233,6 @@ def cue_batch(sentences: Sequence[str], vocab: Vocabulary, *,
         cues.append(vocab.index(words[ran + 1]))
         distances.append(distance)
     width = max(len(row) for row in rows)
-    idx = torch.tensor([row + [end] * (width - len(row)) for row in rows], dtype=torch.long)
-    return idx, torch.tensor(positions), torch.tensor(cues), torch.tensor(distances)
+    padded = [row + [end] * (width - len(row)) for row in rows]
+    return tuple(torch.tensor(values, dtype=torch.long, device=device or "cpu")
+                 for values in (padded, positions, cues, distances))

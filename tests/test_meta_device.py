@@ -161,6 +161,47 @@ def _kv_cache():
         preallocated.update(1, new, new), preallocated.keys, preallocated.values
 
 
+@case("GPT", "GPTConfig")
+def _gpt():
+    from minitransformer.data import cue_batch, random_batches, token_stream
+
+    results = []
+    for positional in ("learned", "sinusoidal"):
+        config = mt.GPTConfig(vocab_size=47, context_length=8, num_layers=1, num_heads=2,
+                              d_model=8, positional=positional)
+        model = mt.GPT(config, device=CPU)
+        idx = torch.tensor([[1, 2, 3]], device=CPU)
+        results += [model, model(idx, idx), model.attention_weights(idx)]
+    vocab = mt.Vocabulary.from_sentences(["check the server if it ran hot please"],
+                                         specials=("<eos>",))
+    stream = token_stream(["check the server if it ran hot please"] * 2, vocab, device=CPU)
+    generator = torch.Generator(device=CPU).manual_seed(0)
+    batches = random_batches(stream, batch_size=2, context_length=4, generator=generator)
+    cues = cue_batch(["check the server if it ran hot please"], vocab, device=CPU)
+    return results, stream, next(batches), cues
+
+
+@case("generate")
+def _generate():
+    config = mt.GPTConfig(vocab_size=9, context_length=8, num_layers=1, num_heads=2, d_model=8)
+    model = mt.GPT(config, device=CPU)
+    prompt = torch.tensor([[1, 2]], device=CPU)
+    generator = torch.Generator(device=CPU).manual_seed(0)
+    return (mt.generate(model, prompt, 3, generator=generator, top_k=2),
+            mt.generate(model, prompt, 3, temperature=0))
+
+
+@case("train", "evaluate")
+def _train():
+    config = mt.GPTConfig(vocab_size=9, context_length=8, num_layers=1, num_heads=2, d_model=8)
+    model = mt.GPT(config, device=CPU)
+    batch = (torch.tensor([[1, 2, 3]], device=CPU), torch.tensor([[2, 3, 4]], device=CPU))
+    history = mt.train(model, [batch], steps=2, lr=1e-3, val_batches=[batch], eval_every=1,
+                       progress=False)
+    assert isinstance(mt.evaluate(model, [batch]), float) and len(history.val_losses) == 2
+    return model
+
+
 # --- the tests ------------------------------------------------------------------------------
 
 @pytest.fixture

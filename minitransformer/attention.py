@@ -206,7 +206,10 @@ class MultiHeadAttention(nn.Module):
         device, dtype: where and in what precision to create the parameters.
 
     Sub-modules ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` are ``nn.Linear(d_model,
-    d_model)``.
+    d_model)``. :meth:`forward` validates its inputs once and calls :meth:`attend`, the unchecked
+    path that layers and models call. Without weights requested, the heads go through PyTorch's
+    fused kernel, with them through the written-out attention: in training with ``dropout > 0``
+    the two draw different dropout masks.
 
     Raises:
         TypeError: a size that is not an int, a dropout that is not a number, a non-float dtype.

@@ -1,7 +1,8 @@
 """Functions on tensors that several modules share: softmax (chapter 5).
 
 Attention (chapters 6-7) and sampling (chapter 5) both turn scores into probabilities; they import
-:func:`softmax` from here, so neither depends on the other.
+:func:`softmax` from here, so neither depends on the other. This module also holds the package's
+one import-time side effect, the ``torch.exp`` warm-up at the bottom, with what it fixes.
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
-    def check_inputs(self, query: Tensor, key: Tensor, value: Tensor,
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor,
                      attn_mask: Tensor | None = None) -> None:
         """Validate :meth:`forward`'s arguments (``key`` and ``value`` already filled in)."""
         for name, t in (("query", query), ("key", key), ("value", value)):
@@ -291,7 +291,7 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        self.check_inputs(query, key, value, attn_mask)
+        self._check_inputs(query, key, value, attn_mask)
         return self.attend(query, key, value, attn_mask=attn_mask, return_weights=return_weights)
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *,

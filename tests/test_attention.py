@@ -594,7 +594,7 @@ def test_mha_attend_does_not_validate_and_equals_forward(monkeypatch):
     expected_weights = mha(x, memory, attn_mask=mask, return_weights=True)[1]
     for name in ("check_mask", "check_float_tensor", "check_same_dtype", "_check_attention"):
         monkeypatch.setattr(attention, name, fail)
-    monkeypatch.setattr(MultiHeadAttention, "check_inputs", fail)
+    monkeypatch.setattr(MultiHeadAttention, "_check_inputs", fail)
     torch.testing.assert_close(mha.attend(x, memory, memory, attn_mask=mask), expected)
     output, weights = mha.attend(x, memory, memory, attn_mask=mask, return_weights=True)
     torch.testing.assert_close(output, expected)

@@ -78,8 +78,8 @@ def scaled_dot_product_attention(
     ``torch.nn.functional.scaled_dot_product_attention`` and mean the same. Unlike PyTorch,
     ``dropout_p`` and ``scale`` are keyword-only, there is no ``is_causal`` (pass
     :func:`~minitransformer.masks.causal_mask` as the mask: it aligns to the lower right, which
-    cached decoding needs), a query whose keys are all masked is an error instead of zeros, and
-    ``return_weights`` also returns the weights. Leading batch and head dimensions ``...`` broadcast.
+    cached decoding needs), a query whose keys are all masked is an error instead of zeros, so is
+    a floating mask of only 0s and 1s, and ``return_weights`` also returns the weights. Leading batch and head dimensions ``...`` broadcast.
 
     Args:
         query: ``(..., T_q, d_k)``, what each of the T_q positions is looking for.
@@ -133,10 +133,10 @@ def blocked_attention(
     """:func:`scaled_dot_product_attention` with the queries taken ``query_block`` at a time (chapter 7).
 
     The rows of the score matrix are independent, so only a ``(..., query_block, T_k)`` slice of
-    it needs to exist at once; the result is the same. Without gradients to track, every block
-    reuses one scratch tensor for its scores and works in place on it, and the division by each
-    row's total is done on the ``d_v`` outputs rather than the ``T_k`` weights. No dropout and no
-    weights: this is the version for speed and memory.
+    it needs to exist at once; the result is the same. Each block's scores are turned into
+    weights in place (and, without gradients to track, every block reuses one scratch tensor for
+    them), and the division by each row's total is done on the ``d_v`` outputs rather than the
+    ``T_k`` weights. No dropout and no weights: this is the version for speed and memory.
 
     Args:
         query, key, value, attn_mask, scale: as for :func:`scaled_dot_product_attention`.

@@ -107,3 +107,22 @@ def test_empty_dimension_is_a_clear_error():
 def test_dim_out_of_range_is_a_clear_error():
     with pytest.raises(ValueError, match=r"dim 5 is out of range for a tensor of shape \(2, 3\)"):
         softmax(torch.zeros(2, 3), dim=5)
+
+
+def test_softmax_lives_in_functional_where_sampling_and_attention_import_it():
+    import minitransformer
+    from minitransformer import attention, functional, generate
+    assert minitransformer.softmax is functional.softmax
+    assert generate.softmax is functional.softmax and attention.softmax is functional.softmax
+    assert functional.softmax.__module__ == "minitransformer.functional"
+
+
+def test_the_exp_warm_up_is_in_one_place():
+    import ast
+    from pathlib import Path
+    import minitransformer
+    package = Path(minitransformer.__file__).parent
+    defined = [path.name for path in package.rglob("*.py")
+               if any(isinstance(node, ast.FunctionDef) and "warm_up" in node.name
+                      for node in ast.walk(ast.parse(path.read_text())))]
+    assert defined == ["functional.py"]

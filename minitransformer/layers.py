@@ -21,8 +21,9 @@ EncoderLayer       ``encode(x, *, attn_mask=None)``
 DecoderLayer       ``decode(x, memory, *, tgt_mask=None, memory_mask=None)``
 =================  ===========================================================================
 
-The unchecked methods call each other and :meth:`MultiHeadAttention.attend`, never a checked
-``forward``. A model that has checked its own input (a GPT, an encoder-decoder) calls
+The unchecked methods call each other and
+:meth:`~minitransformer.attention.MultiHeadAttention.attend`, never a checked ``forward``. A
+model that has checked its own input (a GPT, an encoder-decoder) calls
 ``layer.encode``/``layer.decode`` on the same footing. Chapter 11's KV cache will be one more
 keyword of ``encode``/``decode``, passed on to the self-attention.
 
@@ -235,8 +236,9 @@ class EncoderLayer(nn.Module):
         norm_first: pre-norm instead of post-norm.
         device, dtype: where and in what precision to create the parameters.
 
-    Sub-modules: ``self_attn`` (:class:`MultiHeadAttention`), ``feed_forward``
-    (:class:`FeedForward`), ``norm1``, ``norm2`` (:class:`LayerNorm`), ``dropout1``, ``dropout2``.
+    Sub-modules: ``self_attn`` (:class:`~minitransformer.attention.MultiHeadAttention`),
+    ``feed_forward`` (:class:`FeedForward`), ``norm1``, ``norm2`` (:class:`LayerNorm`),
+    ``dropout1``, ``dropout2``.
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0,
@@ -261,7 +263,8 @@ class EncoderLayer(nn.Module):
         Args:
             x: the token vectors.
             attn_mask: broadcastable to ``(B, num_heads, T, T)``; boolean (True = may attend)
-                or additive floating, e.g. :func:`causal_mask` or :func:`padding_mask`.
+                or additive floating, e.g. :func:`~minitransformer.masks.causal_mask` or
+                :func:`~minitransformer.masks.padding_mask`.
 
         Raises:
             TypeError: ``x`` or the mask has the wrong type or dtype.
@@ -328,9 +331,10 @@ class DecoderLayer(nn.Module):
     Equal to ``nn.TransformerDecoderLayer(..., batch_first=True)`` with the same weights (see
     :meth:`from_torch`). The arguments are those of :class:`EncoderLayer`.
 
-    Sub-modules: ``self_attn``, ``multihead_attn`` (:class:`MultiHeadAttention`),
-    ``feed_forward`` (:class:`FeedForward`), ``norm1``, ``norm2``, ``norm3``
-    (:class:`LayerNorm`), ``dropout1``, ``dropout2``, ``dropout3``.
+    Sub-modules: ``self_attn``, ``multihead_attn``
+    (:class:`~minitransformer.attention.MultiHeadAttention`), ``feed_forward``
+    (:class:`FeedForward`), ``norm1``, ``norm2``, ``norm3`` (:class:`LayerNorm`), ``dropout1``,
+    ``dropout2``, ``dropout3``.
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0,
@@ -361,9 +365,10 @@ class DecoderLayer(nn.Module):
             x: the target-side token vectors.
             memory: the encoder's output.
             tgt_mask: for the self-attention, broadcastable to ``(B, num_heads, T, T)``
-                (usually :func:`causal_mask`); True = may attend.
+                (usually :func:`~minitransformer.masks.causal_mask`); True = may attend.
             memory_mask: for the cross-attention, broadcastable to ``(B, num_heads, T, T_k)``
-                (usually the source's :func:`padding_mask`); True = may attend.
+                (usually the source's :func:`~minitransformer.masks.padding_mask`); True = may
+                attend.
 
         Raises:
             TypeError: an input or mask has the wrong type or dtype.

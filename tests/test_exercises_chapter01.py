@@ -275,7 +275,7 @@ def test_lookup_mistakes(wrong, got, hint, capsys):
 
 
 WIDTH_HINT = ("Hint: your one-hot rows are as wide as a row of the table (d entries); they need "
-              "one entry per row of the table, N = len(table), so that (n, N) @ (N, d) fits: "
+              "one entry per row of the table, N = len(table), so that (T, N) @ (N, d) fits: "
               "one_hot(ids, len(table))\n")
 
 
@@ -302,3 +302,20 @@ def test_lookup_with_the_learners_own_one_hot_of_width_d_gets_the_width_hint(cap
 def test_lookup_by_indexing_is_also_right(capsys):
     assert check_lookup_rows(lambda t, ids: np.asarray(t)[ids])
     assert capsys.readouterr().out == "✓ all 6 checks passed\n"
+
+
+def test_lookup_by_indexing_columns_gets_the_columns_hint(capsys):
+    assert not check_lookup_rows(lambda t, ids: np.asarray(t)[:, ids])
+    assert capsys.readouterr().out == (
+        f"{TABLE_CASE} but got [[12.0, 13.0], [22.0, 23.0], [32.0, 33.0], [42.0, 43.0]] "
+        "(expected shape (2, 3) but got shape (4, 2)). Hint: table[:, ids] picks columns of the "
+        "table; each id should pick a row (table[ids], or the one-hot way: "
+        "one_hot(ids, len(table)) @ table)\n")
+
+
+def test_lookup_with_a_one_hot_as_wide_as_the_ids_gets_its_hint(capsys):
+    assert not check_lookup_rows(lambda t, ids: one_hot(ids, len(ids)) @ t)
+    out = capsys.readouterr().out
+    assert "your function raised ValueError" in out
+    assert out.endswith("Hint: your one-hot rows have one entry per id (len(ids)); they need one "
+                        "entry per row of the table, N = len(table): one_hot(ids, len(table))\n")

@@ -56,6 +56,12 @@ def test_accepts_torch_softmax_too(capsys):
     (lambda s: s / s.sum(dim=-1, keepdim=True), "softmax takes exp of the scores"),
     (lambda s: torch.exp(s - s.max(dim=-1, keepdim=True).values), "divided by their sum"),
     (lambda s: torch.softmax(s, dim=0), "you normalised down the columns"),
+    (lambda s: (lambda e: e / e.sum(dim=-1, keepdim=True))(torch.exp(s - s.max())),
+     "you subtracted the largest score of the whole tensor"),
+    (lambda s: (lambda e: e / e.sum(dim=-1))(torch.exp(s - s.max(dim=-1).values)),
+     "without keepdim=True"),
+    (lambda s: (lambda e: e / e.sum())(torch.exp(s - s.max(dim=-1, keepdim=True).values)),
+     "you divided by the total of the whole tensor"),
 ])
 def test_softmax_hints(wrong, hint, capsys):
     assert not check_softmax(wrong)
@@ -103,3 +109,16 @@ def test_sines_then_cosines_gets_the_layout_hint(capsys):
         "Hint: you put all the sines first and all the cosines after them; the book's "
         "encoding interleaves them: column 2i is the sine and column 2i + 1 the cosine of "
         "one angle")
+
+
+def test_a_global_maximum_fails_on_rows_far_apart(capsys):
+    """Subtracting the overall maximum is right for one row; the last case has two rows far
+    apart, so the second underflows to 0 / 0 and the learner is told why."""
+    def global_max(scores):
+        exps = torch.exp(scores - scores.max())
+        return exps / exps.sum(dim=-1, keepdim=True)
+
+    assert not check_softmax(global_max)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 5: for input ([[1000.0, 1001.0, 999.0], [-1.0, 0.0, 1.0]],)")
+    assert "overflows" not in out and "each row's own largest score" in out

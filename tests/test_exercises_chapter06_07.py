@@ -84,11 +84,31 @@ def test_unscaled_scores(capsys):
                         "the query width\n")
 
 
-def test_scores_scaled_by_the_number_of_keys_get_no_misleading_hint(capsys):
+def test_scores_scaled_by_the_number_of_keys_are_told_what_d_k_is(capsys):
     assert not check_attention_scores(lambda query, key: query @ key.T / math.sqrt(len(key)))
     out = capsys.readouterr().out
     assert out.startswith("✗ case 1:")
-    assert "Hint:" not in out
+    assert out.endswith("Hint: you divided by the square root of the number of keys (or "
+                        "queries); d_k is the width of one query or key, query.shape[-1]\n")
+
+
+def test_one_query_scaled_by_the_number_of_keys_is_told_what_d_k_is(capsys):
+    assert not check_attend_one_query(
+        lambda q, keys, values: torch.softmax(keys @ q / math.sqrt(len(keys)), dim=0) @ values)
+    assert capsys.readouterr().out.endswith(
+        "Hint: you divided by the square root of the number of keys; d_k is the width of the "
+        "query, q.shape[-1]\n")
+
+
+def test_causal_mask_in_additive_form_gets_its_hint(capsys):
+    def additive(T):
+        allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        return torch.zeros(T, T).masked_fill(~allowed, float("-inf"))
+
+    assert not check_causal_mask(additive)
+    out = capsys.readouterr().out
+    assert "(expected boolean values but got float values (float32))" in out
+    assert out.endswith("this exercise asks for the boolean form, True = may attend\n")
 
 
 def test_one_query_without_softmax(capsys):

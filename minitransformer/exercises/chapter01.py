@@ -177,6 +177,15 @@ def _one_hot_as_wide_as_a_row(table, ids):
     return one_hot(ids, np.shape(table)[1]) @ np.asarray(table, dtype=float)
 
 
+def _one_hot_as_wide_as_the_ids(table, ids):
+    # one-hot rows with len(ids) entries instead of N (the number of rows)
+    return one_hot(ids, len(ids)) @ np.asarray(table, dtype=float)
+
+
+def _index_columns(table, ids):
+    return np.asarray(table, dtype=float)[:, ids]
+
+
 def _only_one_hot(table, ids):
     return one_hot(ids, len(table))
 
@@ -201,8 +210,12 @@ check_lookup_rows = Checker(
         "the result is transposed: it needs one row per id": _lookup_transposed,
         "off by one: ids count from 0, so id 0 is the first row of the table": _lookup_one_based,
         "your one-hot rows are as wide as a row of the table (d entries); they need one entry "
-        "per row of the table, N = len(table), so that (n, N) @ (N, d) fits: "
+        "per row of the table, N = len(table), so that (T, N) @ (N, d) fits: "
         "one_hot(ids, len(table))": _one_hot_as_wide_as_a_row,
+        "your one-hot rows have one entry per id (len(ids)); they need one entry per row of "
+        "the table, N = len(table): one_hot(ids, len(table))": _one_hot_as_wide_as_the_ids,
+        "table[:, ids] picks columns of the table; each id should pick a row (table[ids], or "
+        "the one-hot way: one_hot(ids, len(table)) @ table)": _index_columns,
         "you multiplied by the transposed table, so each id picked a column; keep the table as "
         "it is (one_hot(ids, len(table)) @ table) and each id picks a row": _lookup_columns,
         "you returned the one-hot matrix itself; multiply it by the table": _only_one_hot,

@@ -3,7 +3,7 @@
 Each ``check_<thing>`` is called with the learner's function and prints one line (see
 :mod:`minitransformer.exercises`):
 
-* :data:`check_softmax` -- ``softmax(scores)``: probabilities along the last dimension, safe for
+* :data:`check_softmax` -- ``stable_softmax(scores)``: probabilities along the last dimension, safe for
   large scores.
 * :data:`check_positional_vector` -- ``positional_vector(pos, d_model)``: one row of the
   sinusoidal positional encoding.
@@ -43,6 +43,9 @@ class _SoftmaxChecker(Checker):
                    error: Exception | None = None) -> str:
         if error is not None or got is None:
             return super()._with_hint(message, args, got=got, error=error)
+        hinted = super()._with_hint(message, args, got=got, error=error)
+        if hinted != message:                   # a listed mistake explains it
+            return hinted
         try:
             has_nan = bool(np.isnan(np.asarray(got.detach().cpu() if isinstance(got, Tensor) else got,
                                                dtype=float)).any())
@@ -61,7 +64,19 @@ def _scores_cases() -> list[tuple]:
         (torch.tensor([1000.0, 1001.0, 999.0]),),
         (torch.zeros(4),),
         (torch.randn(3, 5, generator=generator) * 3,),
+        # rows far apart: subtracting the largest score of the whole tensor leaves 0 / 0 in row 2
+        (torch.tensor([[1000.0, 1001.0, 999.0], [-1.0, 0.0, 1.0]]),),
     ]
+
+
+def _global_max(scores: Tensor) -> Tensor:
+    exps = torch.exp(scores - scores.max())
+    return exps / exps.sum(dim=-1, keepdim=True)
+
+
+def _without_keepdim(scores: Tensor) -> Tensor:
+    exps = torch.exp(scores - scores.max(dim=-1).values)
+    return exps / exps.sum(dim=-1)
 
 
 check_softmax = _SoftmaxChecker(
@@ -74,6 +89,16 @@ check_softmax = _SoftmaxChecker(
             lambda scores: scores / scores.sum(dim=-1, keepdim=True),
         "you normalised down the columns (dim 0); each row (last dimension) should sum to 1":
             lambda scores: torch.softmax(scores, dim=0),
+        "you subtracted the largest score of the whole tensor; subtract each row's own largest "
+        "score, scores.max(dim=-1, keepdim=True).values, or a row far below the overall "
+        "maximum has every exp round to 0, and 0 / 0 is NaN": _global_max,
+        "you divided by the total of the whole tensor; divide each row by its own total, "
+        "sum(dim=-1, keepdim=True), so that every row adds up to 1":
+            lambda scores: (lambda e: e / e.sum())(
+                torch.exp(scores - scores.max(dim=-1, keepdim=True).values)),
+        "without keepdim=True the row maxima and sums have shape (rows,), which does not line up "
+        "with scores of shape (rows, N); use max(dim=-1, keepdim=True) and "
+        "sum(dim=-1, keepdim=True)": _without_keepdim,
     },
 )
 

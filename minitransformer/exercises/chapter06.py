@@ -46,6 +46,9 @@ check_attention_scores = Checker(
             lambda query, key: query @ key.T / query.shape[-1],
         "rows should be queries and columns keys: compute query @ key.T, not key @ query.T":
             lambda query, key: key @ query.T / math.sqrt(query.shape[-1]),
+        "you divided by the square root of the number of keys (or queries); d_k is the width "
+        "of one query or key, query.shape[-1]":
+            lambda query, key: query @ key.T / math.sqrt(key.shape[0]),
     },
 )
 
@@ -75,6 +78,10 @@ check_attend_one_query = Checker(
             lambda q, keys, values: torch.softmax(keys @ q / math.sqrt(q.shape[-1]), dim=0),
         "that is the value of the single best key (a hard max); softmax mixes all the values":
             lambda q, keys, values: values[torch.argmax(keys @ q)],
+        "you divided by the square root of the number of keys; d_k is the width of the query, "
+        "q.shape[-1]":
+            lambda q, keys, values: torch.softmax(keys @ q / math.sqrt(keys.shape[0]), dim=0)
+            @ values,
     },
 )
 
@@ -92,13 +99,17 @@ check_causal_mask = Checker(
         "your mask is True where attention is forbidden (True = masked, the convention of "
         "nn.MultiheadAttention); in this book True = may attend: keep the lower triangle "
         "including the diagonal, e.g. invert yours with ~":
-            lambda n: ~torch.tril(torch.ones(n, n, dtype=torch.bool)),
+            lambda T: ~torch.tril(torch.ones(T, T, dtype=torch.bool)),
         "that lets each position see the future and hides the past: keep the lower triangle "
         "(torch.tril), not the upper one":
-            lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool)),
+            lambda T: torch.triu(torch.ones(T, T, dtype=torch.bool)),
         "a position may attend to itself: keep the diagonal":
-            lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1),
+            lambda T: torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=-1),
         "return booleans (True = may attend), not numbers: add dtype=torch.bool":
-            lambda n: torch.tril(torch.ones(n, n)),
+            lambda T: torch.tril(torch.ones(T, T)),
+        "that is the additive form (0 = may attend, -inf = hidden), which is added to the "
+        "scores; this exercise asks for the boolean form, True = may attend":
+            lambda T: torch.zeros(T, T).masked_fill(
+                ~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf")),
     },
 )

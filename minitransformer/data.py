@@ -236,3 +236,171 @@ def cue_batch(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS,
     padded = [row + [end] * (width - len(row)) for row in rows]
     return tuple(torch.tensor(values, dtype=torch.long, device=device or "cpu")
                  for values in (padded, positions, cues, distances))
+
+
+# --- Chapter 10: a parallel corpus, commands and their translations ------------------------------
+#
+# The source side is the command language grown into a small grammar ("show me my old files in
+# the shared folder please"); the target side is a made-up language with words of its own and
+# another word order. Source, then target:
+#
+#     VERB [me] OBJECT [PLACE] [please]          OBJECT = [det] [adj] [adj] noun
+#     [please] OBJECT' [PLACE'] [me] VERB        PLACE  = prep [det] [adj] [adj] place
+#
+# where each phrase X' is X read backwards: the noun first and its modifiers after it, a
+# postposition instead of a preposition; the verb comes last. The alignment of a sentence and its
+# translation is a permutation far from the diagonal, and lengths run from 2 to 12 words.
+
+#: The special tokens of both vocabularies, at ids 0, 1 and 2.
+TRANSLATION_SPECIALS = ("<pad>", "<bos>", "<eos>")
+
+_VERBS = {"show": "miro", "open": "abra", "copy": "kopa", "delete": "tilo", "send": "sendu",
+          "find": "trova", "check": "kontro", "sort": "ordo", "hide": "kasu", "print": "printa"}
+_VERBS_WITH_ME = ("find", "print", "send", "show")
+_DETERMINERS = {"the": "la", "my": "mia", "all": "tuta", "these": "esti"}
+# At most one adjective of each group, in this order: "large old hidden files".
+_ADJECTIVE_GROUPS = ({"large": "granda", "small": "eta"},
+                     {"old": "vela", "new": "nova", "recent": "fresa"},
+                     {"hidden": "sekra", "shared": "komuna", "broken": "rompa", "empty": "vaka",
+                      "locked": "fermita"})
+_NOUNS = {"files": "dosi", "photos": "foti", "directories": "dira", "notes": "noti",
+          "messages": "mesa", "songs": "kanti", "logs": "logi", "videos": "vidi",
+          "reports": "raporti", "backups": "sekuri"}
+_PLACES = {"folder": "dosujo", "laptop": "portilo", "phone": "telfo", "server": "servo",
+           "desktop": "tablo", "drive": "disko", "cloud": "nubo"}
+_PREPOSITIONS = {"in": "en", "on": "sur", "from": "de"}
+
+#: Every source word and its target word.
+TRANSLATION_LEXICON: dict[str, str] = {
+    **_VERBS, "me": "mi", **_DETERMINERS, **{k: v for g in _ADJECTIVE_GROUPS for k, v in g.items()},
+    **_NOUNS, **_PREPOSITIONS, **_PLACES, "please": "bo"}
+
+
+def _noun_phrase(rng: random.Random, nouns: dict[str, str], determiners: Sequence[str], *,
+                 always_det: bool = False) -> list[str]:
+    words = [rng.choice(determiners)] if always_det or rng.random() < 0.7 else []
+    groups = sorted(rng.sample(range(len(_ADJECTIVE_GROUPS)), rng.choice((0, 0, 1, 1, 2))))
+    words += [rng.choice(sorted(_ADJECTIVE_GROUPS[g])) for g in groups]
+    return [*words, rng.choice(sorted(nouns))]
+
+
+def _command(rng: random.Random) -> str:
+    verb = rng.choice(sorted(_VERBS))
+    words = [verb, *(["me"] if verb in _VERBS_WITH_ME and rng.random() < 0.5 else [])]
+    words += _noun_phrase(rng, _NOUNS, sorted(_DETERMINERS))
+    if rng.random() < 0.5:                          # one place: "in the cloud", "on my phone"
+        place = _noun_phrase(rng, _PLACES, ("my", "the"), always_det=True)
+        words += [rng.choice(sorted(_PREPOSITIONS)), *place]
+    if rng.random() < 0.5:
+        words.append("please")
+    return " ".join(words)
+
+
+def translate_command(sentence: str) -> str:
+    """The reference translation of a command: the rule a translation model has to find.
+
+    >>> translate_command("show me my old files in the shared folder please")
+    'bo dosi vela mia dosujo komuna la en mi miro'
+
+    Raises:
+        ValueError: ``sentence`` is not a command of the grammar's words, starting with a verb.
+    """
+    words = tokenize(sentence)
+    unknown = [word for word in words if word not in TRANSLATION_LEXICON]
+    if unknown or not words or words[0] not in _VERBS:
+        raise ValueError(f"not a command of the translation corpus: {sentence!r}"
+                         + (f" (unknown words {unknown})" if unknown else ""))
+    verb, rest = words[0], words[1:]
+    me = rest[:1] == ["me"]
+    rest = rest[1:] if me else rest
+    please = rest[-1:] == ["please"]
+    rest = rest[:-1] if please else rest
+    split = next((i for i, word in enumerate(rest) if word in _PREPOSITIONS), len(rest))
+    obj, place = rest[:split], rest[split:]
+    order = ["please"] * please + obj[::-1] + place[::-1] + ["me"] * me + [verb]
+    return " ".join(TRANSLATION_LEXICON[word] for word in order)
+
+
+def translation_pairs(num_pairs: int, *, seed: int = 0) -> list[tuple[str, str]]:
+    """``num_pairs`` distinct ``(source, target)`` sentence pairs, the same for the same seed.
+
+    >>> translation_pairs(1, seed=7)
+    [('open broken directories please', 'bo dira rompa abra')]
+    """
+    _checks.check_int("num_pairs", num_pairs)
+    rng = random.Random(seed)
+    sources: dict[str, None] = {}
+    while len(sources) < num_pairs:
+        sources.setdefault(_command(rng), None)
+    return [(source, translate_command(source)) for source in sources]
+
+
+def translation_splits(num_train: int, num_val: int, *, seed: int = 0
+                       ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Training and validation pairs; no source sentence is in both."""
+    _checks.check_int("num_train", num_train)
+    _checks.check_int("num_val", num_val)
+    pairs = translation_pairs(num_train + num_val, seed=seed)
+    return pairs[:num_train], pairs[num_train:]
+
+
+def translation_vocabularies() -> tuple[Vocabulary, Vocabulary]:
+    """The source and the target vocabulary, each with ``<pad>``, ``<bos>`` and ``<eos>`` at
+    ids 0, 1 and 2, then every word of its language, sorted."""
+    return (Vocabulary(TRANSLATION_LEXICON, specials=TRANSLATION_SPECIALS),
+            Vocabulary(TRANSLATION_LEXICON.values(), specials=TRANSLATION_SPECIALS))
+
+
+def pad_sequences(sequences: Sequence[Sequence[int]], *, pad_id: int = 0,
+                  device: torch.device | str | None = None) -> Tensor:
+    """Rows of different lengths as one ``(B, T_max)`` long tensor, padded on the right with
+    ``pad_id``, on ``device`` (default: the CPU).
+
+    >>> pad_sequences([[5, 6, 7], [8]])
+    tensor([[5, 6, 7],
+            [8, 0, 0]])
+    """
+    if isinstance(sequences, (str, Tensor)) or not sequences:
+        raise ValueError("sequences must be a non-empty list of lists of token ids")
+    _checks.check_int("pad_id", pad_id, low=0)
+    longest = max(len(row) for row in sequences)
+    return torch.tensor([[*row, *[pad_id] * (longest - len(row))] for row in sequences],
+                        dtype=torch.long, device=device or "cpu")
+
+
+def translation_batch(pairs: Sequence[tuple[str, str]], src_vocab: Vocabulary,
+                      tgt_vocab: Vocabulary, *, device: torch.device | str | None = None
+                      ) -> tuple[Tensor, Tensor, Tensor]:
+    """``(src, tgt_in, targets)`` for a list of pairs, padded with ``<pad>``.
+
+    ``tgt_in`` is ``<bos>`` and the target words, ``targets`` the target words and ``<eos>``:
+    the same sentence shifted by one, for teacher forcing. All three are long tensors on
+    ``device`` (default: the CPU); ``tgt_in`` and ``targets`` have the same shape.
+    """
+    if isinstance(pairs, str) or not pairs:
+        raise ValueError("pairs must be a non-empty list of (source, target) sentences")
+    pad, bos, eos = (tgt_vocab.index(token) for token in TRANSLATION_SPECIALS)
+    sources = [src_vocab.encode(source) for source, _ in pairs]
+    targets = [tgt_vocab.encode(target) for _, target in pairs]
+    return (pad_sequences(sources, pad_id=src_vocab.index("<pad>"), device=device),
+            pad_sequences([[bos, *t] for t in targets], pad_id=pad, device=device),
+            pad_sequences([[*t, eos] for t in targets], pad_id=pad, device=device))
+
+
+def translation_batches(pairs: Sequence[tuple[str, str]], src_vocab: Vocabulary,
+                        tgt_vocab: Vocabulary, *, batch_size: int, seed: int = 0,
+                        device: torch.device | str | None = None
+                        ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """Endless :func:`translation_batch` batches of ``batch_size`` pairs: the pairs shuffled
+    (repeatably, by ``seed``), cut into batches, shuffled again; each batch padded to its own
+    longest sentence. A remainder smaller than a batch is left for the next round."""
+    _checks.check_int("batch_size", batch_size)
+    if batch_size > len(pairs):
+        raise ValueError(f"batch_size={batch_size} is more than the {len(pairs)} pairs")
+    rng = random.Random(seed)
+    order = list(range(len(pairs)))
+    while True:
+        rng.shuffle(order)
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            yield translation_batch([pairs[i] for i in order[start: start + batch_size]],
+                                    src_vocab, tgt_vocab, device=device)

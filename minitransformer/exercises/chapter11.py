@@ -1,0 +1,127 @@
+"""Checkers for the exercises of chapter 11, *KV caching*.
+
+Each ``check_<thing>`` is called with the learner's function and prints one line (see
+:mod:`minitransformer.exercises`):
+
+* :data:`check_cache_update` -- ``my_cache_update(cached, new)``: one layer's cached keys (or
+  values) followed by the new ones, or the new ones alone when nothing is cached yet.
+* :data:`check_position_offset` -- ``my_embed_new_tokens(idx, token_table, position_table,
+  past_len)``: the input vectors of new tokens that follow ``past_len`` cached positions.
+* :data:`check_cache_bytes` -- ``my_cache_bytes(num_layers, batch, num_heads, length, d_head,
+  bytes_per_number)``: the memory a KV cache takes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from minitransformer.exercises import Checker
+
+__all__ = ["check_cache_bytes", "check_cache_update", "check_position_offset"]
+
+
+# --- my_cache_update(cached, new) -------------------------------------------------------------
+
+def _cache_update(cached: Tensor | None, new: Tensor) -> Tensor:
+    if cached is None:
+        return new
+    return torch.cat([cached, new], dim=2)
+
+
+def _update_cases() -> list[tuple]:
+    generator = torch.Generator().manual_seed(11)
+
+    def numbers(*shape: int) -> Tensor:
+        return torch.randint(-9, 10, shape, generator=generator).float()
+
+    return [(None, numbers(1, 1, 1, 2)),
+            (numbers(1, 1, 2, 2), numbers(1, 1, 1, 2)),
+            (numbers(1, 2, 3, 2), numbers(1, 2, 1, 2)),
+            (numbers(2, 2, 2, 3), numbers(2, 2, 2, 3))]
+
+
+def _cat_on(dim: int):
+    def wrong(cached, new):
+        return new if cached is None else torch.cat([cached, new], dim=dim)
+    return wrong
+
+
+check_cache_update = Checker(
+    reference=_cache_update,
+    cases=_update_cases(),
+    mistakes={
+        "the new positions go after the cached ones: torch.cat([cached, new], ...)":
+            lambda cached, new: new if cached is None else torch.cat([new, cached], dim=2),
+        "join along the positions, dim 2 of (B, num_heads, T, d_head); dim -1 is the width "
+        "of each key": _cat_on(-1),
+        "join along the positions, dim 2 of (B, num_heads, T, d_head); dim 1 counts the "
+        "heads": _cat_on(1),
+        "torch.cat joins along dim 0 unless told otherwise: the positions are dim 2 of "
+        "(B, num_heads, T, d_head)": _cat_on(0),
+        "keep what is cached: return the cached positions followed by the new ones, not the "
+        "new ones alone": lambda cached, new: new,
+    },
+)
+
+
+# --- my_embed_new_tokens(idx, token_table, position_table, past_len) --------------------------
+
+def _embed_new_tokens(idx: Tensor, token_table: Tensor, position_table: Tensor,
+                      past_len: int) -> Tensor:
+    length = idx.shape[1]
+    return token_table[idx] + position_table[past_len:past_len + length]
+
+
+def _offset_cases() -> list[tuple]:
+    generator = torch.Generator().manual_seed(110)
+    tokens = torch.randint(-5, 6, (5, 2), generator=generator).float()
+    positions = torch.arange(16.0).reshape(8, 2) * 10
+    return [(torch.tensor([[3]]), tokens, positions, 0),
+            (torch.tensor([[3]]), tokens, positions, 5),
+            (torch.tensor([[1, 4, 0]]), tokens, positions, 2),
+            (torch.tensor([[2, 2], [0, 1]]), tokens, positions, 6)]
+
+
+check_position_offset = Checker(
+    reference=_embed_new_tokens,
+    cases=_offset_cases(),
+    mistakes={
+        "the new tokens do not start at position 0: they follow the past_len cached ones, so "
+        "their positions are past_len, past_len + 1, ...":
+            lambda idx, tok, pos, past: _embed_new_tokens(idx, tok, pos, 0),
+        "off by one: with past_len positions cached (0 to past_len - 1), the first new token "
+        "sits at position past_len":
+            lambda idx, tok, pos, past: _embed_new_tokens(idx, tok, pos, past + 1),
+        "a chunk of several new tokens needs one position each, past_len up to past_len + T - 1":
+            lambda idx, tok, pos, past: tok[idx] + pos[past],
+        "add the position vectors to the token vectors": lambda idx, tok, pos, past: tok[idx],
+    },
+)
+
+
+# --- my_cache_bytes(num_layers, batch, num_heads, length, d_head, bytes_per_number) ------------
+
+def _cache_bytes(num_layers: int, batch: int, num_heads: int, length: int, d_head: int,
+                 bytes_per_number: int) -> int:
+    return 2 * num_layers * batch * num_heads * length * d_head * bytes_per_number
+
+
+check_cache_bytes = Checker(
+    reference=_cache_bytes,
+    cases=[(1, 1, 1, 1, 1, 4), (6, 1, 4, 1024, 32, 4), (12, 8, 12, 1024, 64, 2),
+           (32, 3, 32, 4096, 128, 2)],
+    mistakes={
+        "the cache holds a key and a value for every position: twice the keys alone":
+            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) // 2,
+        "count bytes, not numbers: multiply by bytes_per_number (4 for float32, 2 for "
+        "float16)": lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) // b,
+        "every sequence of the batch has its own keys and values: multiply by batch":
+            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) // B,
+        "every layer has its own keys and values: multiply by num_layers":
+            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) // L,
+        "the cache grows with T, one key and one value per position; T x T is the size of "
+        "the attention scores, which are not cached":
+            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) * T,
+    },
+)

@@ -1,0 +1,146 @@
+"""The checkers of chapter 11: they accept correct answers and explain plausible wrong ones."""
+
+import pytest
+import torch
+
+from minitransformer import KVCache
+from minitransformer.exercises import chapter11
+from minitransformer.exercises.chapter11 import (
+    check_cache_bytes,
+    check_cache_update,
+    check_position_offset,
+)
+
+# --- correct solutions, written the way the book's solutions are ---------------------------
+
+
+def my_cache_update(cached, new):
+    if cached is None:
+        return new
+    return torch.cat([cached, new], dim=-2)
+
+
+def my_embed_new_tokens(idx, token_table, position_table, past_len):
+    positions = torch.arange(past_len, past_len + idx.shape[1])
+    return token_table[idx] + position_table[positions]
+
+
+def my_cache_bytes(num_layers, batch, num_heads, length, d_head, bytes_per_number):
+    per_layer = 2 * batch * num_heads * length * d_head      # keys and values
+    return num_layers * per_layer * bytes_per_number
+
+
+def bytes_of_a_filled_cache(num_layers, batch, num_heads, length, d_head, bytes_per_number):
+    """The package's cache, filled on the meta device (no memory), asked for its size."""
+    dtype = {2: torch.float16, 4: torch.float32, 8: torch.float64}[bytes_per_number]
+    cache = KVCache(num_layers)
+    new = torch.empty(batch, num_heads, length, d_head, dtype=dtype, device="meta")
+    for layer in range(num_layers):
+        cache.update(layer, new, new)
+    return cache.nbytes
+
+
+CHECKERS = {
+    "cache_update": (check_cache_update, my_cache_update),
+    "position_offset": (check_position_offset, my_embed_new_tokens),
+    "cache_bytes": (check_cache_bytes, my_cache_bytes),
+    "cache_bytes_from_the_package": (check_cache_bytes, bytes_of_a_filled_cache),
+}
+
+
+def test_module_exports_every_checker():
+    assert sorted(chapter11.__all__) == ["check_cache_bytes", "check_cache_update",
+                                         "check_position_offset"]
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_accepts_the_book_solution(name, capsys):
+    checker, solution = CHECKERS[name]
+    assert checker(solution)
+    assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
+
+
+def test_the_update_checker_agrees_with_the_package_cache():
+    for cached, new in check_cache_update.cases:
+        cache = KVCache(1)
+        if cached is not None:
+            cache.update(0, cached, cached)
+        keys, _ = cache.update(0, new, new)
+        torch.testing.assert_close(keys, my_cache_update(cached, new), rtol=0, atol=0)
+
+
+def test_importing_the_checkers_leaves_the_global_random_state_alone():
+    import importlib
+    _ = torch.manual_seed(0)
+    expected = torch.rand(3)
+    _ = torch.manual_seed(0)
+    importlib.reload(chapter11)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+# --- specific wrong answers a learner writes, with the hint they see -----------------------
+
+def test_update_with_the_new_keys_first(capsys):
+    assert not check_cache_update(lambda cached, new: new if cached is None
+                                  else torch.cat([new, cached], dim=2))
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2: for input ([[[[")
+    assert out.endswith("Hint: the new positions go after the cached ones: "
+                        "torch.cat([cached, new], ...)\n")
+
+
+def test_update_with_the_default_dim(capsys):
+    assert not check_cache_update(lambda cached, new: new if cached is None
+                                  else torch.cat([cached, new]))
+    out = capsys.readouterr().out
+    assert "your function raised RuntimeError" in out
+    assert out.endswith("Hint: torch.cat joins along dim 0 unless told otherwise: the "
+                        "positions are dim 2 of (B, num_heads, T, d_head)\n")
+
+
+def test_update_that_forgets_an_empty_cache(capsys):
+    assert not check_cache_update(lambda cached, new: torch.cat([cached, new], dim=2))
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input (None, [[[[")
+    assert "your function raised TypeError" in out
+
+
+def test_offset_forgotten(capsys):
+    def from_zero(idx, token_table, position_table, past_len):
+        return token_table[idx] + position_table[: idx.shape[1]]
+
+    assert not check_position_offset(from_zero)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2: for input ([[3]], ")
+    assert out.endswith("so their positions are past_len, past_len + 1, ...\n")
+
+
+def test_one_position_for_a_whole_chunk(capsys):
+    def one_position(idx, token_table, position_table, past_len):
+        return token_table[idx] + position_table[past_len]
+
+    assert not check_position_offset(one_position)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 3:")
+    assert out.endswith("past_len up to past_len + T - 1\n")
+
+
+def test_bytes_without_the_values(capsys):
+    assert not check_cache_bytes(lambda L, B, h, T, d, b: L * B * h * T * d * b)
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input (1, 1, 1, 1, 1, 4) expected 8 but got 4. Hint: the cache holds a "
+        "key and a value for every position: twice the keys alone\n")
+
+
+def test_bytes_quadratic_in_the_length(capsys):
+    assert not check_cache_bytes(lambda L, B, h, T, d, b: 2 * L * B * h * T * T * d * b)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2: for input (6, 1, 4, 1024, 32, 4) expected 6291456 but got")
+    assert out.endswith("which are not cached\n")
+
+
+def test_bytes_counted_as_numbers(capsys):
+    assert not check_cache_bytes(lambda L, B, h, T, d, b: 2 * L * B * h * T * d)
+    assert capsys.readouterr().out.endswith(
+        "Hint: count bytes, not numbers: multiply by bytes_per_number (4 for float32, 2 for "
+        "float16)\n")

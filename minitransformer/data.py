@@ -11,6 +11,7 @@ Markov model cannot tell the cue, a model that looks back can.
 * :func:`command_sentences` -- sentences, deterministic given a seed;
 * :func:`command_splits` -- train and validation sets of distinct sentences;
 * :func:`far_word_distance` -- which far word a sentence has, and how far before *ran*;
+* :func:`is_command` -- whether a sentence (say, one a model wrote) belongs to the language;
 * :func:`token_stream` -- sentences joined by an end-of-sentence token, as one long id tensor;
 * :func:`shift_pairs`, :func:`random_batches`, :func:`window_batches` -- windows of the stream
   as ``(input, target)`` pairs, the target shifted one token to the left;
@@ -136,6 +137,26 @@ def far_word_distance(sentence: str | Sequence[str]) -> tuple[str, int]:
     if len(far) != 1 or "ran" not in words:
         raise ValueError(f"not a command with one far word and 'ran': {sentence!r}")
     return words[far[0]], words.index("ran") - far[0]
+
+
+def is_command(sentence: str | Sequence[str]) -> bool:
+    """Whether the command language can say ``sentence``: an opener, "the", a far word, what may
+    stand between (at most :data:`MAX_DISTANCE` words before *ran*), "ran", and the far word's
+    cue (then "please", unless the cue is "please").
+
+    >>> is_command("check the server if it ran hot please"), is_command("check the server ran")
+    (True, False)
+    """
+    words = tuple(tokenize(sentence) if isinstance(sentence, str) else sentence)
+    for opener in _OPENERS:
+        if words[: len(opener) + 1] == (*opener, "the") and len(words) > len(opener) + 1:
+            far_word, rest = words[len(opener) + 1], words[len(opener) + 2:]
+            cue = CUES.get(far_word)
+            tail = ("ran", cue) if cue == "please" else ("ran", cue, "please")
+            middle = rest[: len(rest) - len(tail)]
+            return (cue is not None and rest[len(middle):] == tail
+                    and middle in _MIDDLES.get(len(middle) + 1, ()))
+    return False
 
 
 def token_stream(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS,

@@ -21,6 +21,7 @@ from minitransformer.masks import causal_mask
 from minitransformer.positional import sinusoidal_positional_encoding
 
 POSITIONAL = ("learned", "sinusoidal")
+INIT_STD = 0.02  # GPT-2's: every weight starts normal with this standard deviation
 
 
 @dataclass
@@ -36,7 +37,8 @@ class GPTConfig:
         d_ff: the feed-forward hidden width; ``None`` means ``4 * d_model``.
         dropout: dropout probability in training (embeddings, attention, residual branches).
         positional: ``"learned"`` (a trained vector per position, as in GPT-2) or
-            ``"sinusoidal"`` (chapter 5's fixed encoding; ``d_model`` must be even).
+            ``"sinusoidal"`` (chapter 5's fixed encoding, scaled by ``INIT_STD``; ``d_model`` must
+            be even).
 
     Raises:
         TypeError, ValueError: a size that is not a positive int, ``d_model`` not divisible by
@@ -139,15 +141,21 @@ class GPT(nn.Module):
     def embed(self, idx: Tensor, *, offset: int = 0) -> Tensor:
         """Token vectors plus position vectors (then dropout), ``(B, T)`` ids -> ``(B, T,
         d_model)``; ``offset`` is the position of the first column. Unchecked: call with ids
-        that :meth:`forward` would accept."""
+        that :meth:`forward` would accept.
+
+        Chapter 5's sinusoidal encoding has entries up to 1, fifty times the token vectors at
+        initialisation (std ``INIT_STD``): added as it is, it drowns the words, and a model
+        trained as in chapter 9 never learned the cue (20% after 600 steps, against 100% with
+        the encoding scaled by ``INIT_STD``). So it is scaled to the embeddings' size."""
         x = self.token_embedding(idx)                                 # (B, T, d_model)
         length = idx.shape[1]
         if self.position_embedding is not None:
             positions = torch.arange(offset, offset + length, device=idx.device)
             x = x + self.position_embedding(positions)                # (T, d_model) broadcast
         else:
-            x = x + sinusoidal_positional_encoding(length, self.config.d_model, offset=offset,
-                                                   device=x.device, dtype=x.dtype)
+            encoding = sinusoidal_positional_encoding(length, self.config.d_model, offset=offset,
+                                                      device=x.device, dtype=x.dtype)
+            x = x + INIT_STD * encoding                               # (T, d_model) broadcast
         return self.dropout(x)
 
     @torch.no_grad()
@@ -173,7 +181,7 @@ class GPT(nn.Module):
 def _init_weights(module: nn.Module) -> None:
     """GPT-2's initialisation (Radford et al., 2019): N(0, 0.02) weights, zero biases."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
         if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)
 

@@ -12,6 +12,7 @@ from minitransformer.data import (
     command_splits,
     cue_batch,
     far_word_distance,
+    is_command,
     random_batches,
     shift_pairs,
     token_stream,
@@ -143,3 +144,17 @@ def test_cue_batch_ends_each_row_at_ran(vocab):
 def test_far_word_distance_rejects_other_sentences():
     with pytest.raises(ValueError, match="not a command"):
         far_word_distance("show me my files please")
+
+
+def test_is_command_accepts_every_generated_sentence_and_nothing_else():
+    assert all(is_command(s) for s in command_sentences(500, seed=2, max_distance=MAX_DISTANCE))
+    for wrong in ["check the server if it ran down please",       # the battery's cue
+                  "check the server if it ran hot",               # no please
+                  "check the program if it ran please please",
+                  "check server if it ran hot please",            # no "the"
+                  "check the server ran hot please",              # far word next to ran
+                  "check the server today log if it ran hot please",   # slots out of order
+                  "look the server if it ran hot please",
+                  "check the", ""]:
+        assert not is_command(wrong), wrong
+    assert is_command(tokenize("can you check the program if it ran please"))

@@ -1,0 +1,123 @@
+"""Checkers for the exercises of chapter 9, *Training a GPT*.
+
+Each ``check_<thing>`` is called with the learner's function and prints one line (see
+:mod:`minitransformer.exercises`):
+
+* :data:`check_shift_pairs` -- ``my_shift_pairs(windows)``: the ``(inputs, targets)`` pairs of
+  next-token prediction.
+* :data:`check_cross_entropy` -- ``my_cross_entropy(logits, targets)``: the mean next-token loss,
+  written out.
+* :data:`check_parameter_count` -- ``my_parameter_count(config)``: a GPT's number of parameters
+  from its config.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minitransformer.data import shift_pairs
+from minitransformer.exercises import Checker
+from minitransformer.gpt import GPTConfig
+
+__all__ = ["check_cross_entropy", "check_parameter_count", "check_shift_pairs"]
+
+
+# --- my_shift_pairs(windows) -> (inputs, targets) -------------------------------------------
+
+check_shift_pairs = Checker(
+    reference=shift_pairs,
+    cases=[
+        (torch.tensor([[5, 1, 4, 2, 3]]),),
+        (torch.arange(12).reshape(2, 6),),
+        (torch.tensor([[7, 7], [0, 3], [2, 1]]),),
+    ],
+    mistakes={
+        "inputs and targets are swapped: the inputs are the first T tokens, the targets the last "
+        "T (each target is the token after its input)":
+            lambda w: (w[:, 1:], w[:, :-1]),
+        "the windows are (B, T + 1): cut along the columns (dim 1), not the rows":
+            lambda w: (w[:-1], w[1:]),
+    },
+)
+
+
+# --- my_cross_entropy(logits, targets) -> scalar --------------------------------------------
+
+def _cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _log_probs_of_targets(logits: Tensor, targets: Tensor, dim: int = -1) -> Tensor:
+    return torch.log_softmax(logits, dim=dim).gather(-1, targets[..., None])[..., 0]
+
+
+def _logit_cases() -> list[tuple]:
+    generator = torch.Generator().manual_seed(9)
+    return [
+        (torch.tensor([[[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]]]), torch.tensor([[0, 2]])),
+        (torch.randn(2, 4, 6, generator=generator) * 2, torch.randint(6, (2, 4),
+                                                                      generator=generator)),
+        (torch.randn(3, 5, 11, generator=generator), torch.randint(11, (3, 5),
+                                                                   generator=generator)),
+    ]
+
+
+check_cross_entropy = Checker(
+    reference=_cross_entropy,
+    cases=_logit_cases(),
+    mistakes={
+        "the loss is the *negative* mean log-probability: it must be positive":
+            lambda logits, t: _log_probs_of_targets(logits, t).mean(),
+        "take the log of the probabilities (log-softmax), not the probabilities themselves":
+            lambda logits, t: -torch.softmax(logits, -1).gather(-1, t[..., None]).mean(),
+        "average over all B * T positions; you summed":
+            lambda logits, t: -_log_probs_of_targets(logits, t).sum(),
+        "softmax runs over the vocabulary (the last dimension), not over the positions":
+            lambda logits, t: -_log_probs_of_targets(logits, t, dim=1).mean(),
+    },
+    atol=1e-5,
+)
+
+
+# --- my_parameter_count(config) -> int ------------------------------------------------------
+
+def _parameter_count(config: GPTConfig, *, tied: bool = True, biases: bool = True,
+                     norms: bool = True, positions: bool = True) -> int:
+    d, f, n = config.d_model, config.d_ff, config.vocab_size
+    attention = 4 * d * d + (4 * d if biases else 0)
+    feed_forward = 2 * d * f + (f + d if biases else 0)
+    block = attention + feed_forward + (2 * 2 * d if norms else 0)
+    count = n * d + config.num_layers * block + (2 * d if norms else 0)
+    if config.positional == "learned" and positions:
+        count += config.context_length * d
+    return count if tied else count + n * d
+
+
+def _parameter_count_of(config: GPTConfig) -> int:
+    return _parameter_count(config)
+
+
+check_parameter_count = Checker(
+    reference=_parameter_count_of,
+    cases=[
+        (GPTConfig(vocab_size=47, context_length=32, num_layers=2, num_heads=4, d_model=64),),
+        (GPTConfig(vocab_size=10, context_length=8, num_layers=1, num_heads=1, d_model=4,
+                   d_ff=6),),
+        (GPTConfig(vocab_size=50, context_length=16, num_layers=3, num_heads=2, d_model=8,
+                   d_ff=12, positional="sinusoidal"),),
+    ],
+    mistakes={
+        "the head shares its weight matrix with the token embedding (weight tying): count it "
+        "once":
+            lambda c: _parameter_count(c, tied=False),
+        "every linear layer of the blocks has a bias, and so do the layer norms":
+            lambda c: _parameter_count(c, biases=False),
+        "each block has two layer norms, and one more follows the last block; each has a weight "
+        "and a bias of d_model numbers":
+            lambda c: _parameter_count(c, norms=False),
+        "learned positions are a (context_length, d_model) table of parameters":
+            lambda c: _parameter_count(c, positions=False),
+    },
+)

@@ -1,0 +1,115 @@
+"""The checkers of chapter 9: they accept correct answers and explain the plausible wrong ones."""
+
+import pytest
+import torch
+
+from minitransformer.exercises.chapter09 import (
+    check_cross_entropy,
+    check_parameter_count,
+    check_shift_pairs,
+)
+from minitransformer.gpt import GPT, GPTConfig, count_parameters
+
+# --- correct solutions, written the way the book's solutions are ---------------------------
+
+
+def my_shift_pairs(windows):
+    return windows[:, :-1], windows[:, 1:]
+
+
+def my_cross_entropy(logits, targets):
+    log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)   # (B, T, N)
+    picked = log_probs.gather(-1, targets[..., None])[..., 0]            # (B, T)
+    return -picked.mean()
+
+
+def my_parameter_count(config):
+    d, f = config.d_model, config.d_ff
+    block = (4 * d * d + 4 * d) + (d * f + f + f * d + d) + 2 * (2 * d)
+    positions = config.context_length * d if config.positional == "learned" else 0
+    return config.vocab_size * d + positions + config.num_layers * block + 2 * d
+
+
+CHECKERS = {
+    "shift_pairs": (check_shift_pairs, my_shift_pairs),
+    "cross_entropy": (check_cross_entropy, my_cross_entropy),
+    "parameter_count": (check_parameter_count, my_parameter_count),
+}
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_accepts_a_correct_solution(name, capsys):
+    checker, solution = CHECKERS[name]
+    assert checker(solution)
+    assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
+
+
+def test_the_reference_count_is_what_the_model_has():
+    for (config,) in check_parameter_count.cases:
+        assert check_parameter_count.reference(config) == count_parameters(GPT(config))
+
+
+def test_a_naive_softmax_cross_entropy_passes_too(capsys):
+    def naive(logits, targets):
+        probs = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True)
+        return -torch.log(probs.gather(-1, targets[..., None])).mean()
+
+    assert check_cross_entropy(naive)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda w: (w[:, 1:], w[:, :-1]), "inputs and targets are swapped"),
+    (lambda w: (w[:-1], w[1:]), "cut along the columns"),
+])
+def test_shift_pairs_hints(wrong, hint, capsys):
+    assert not check_shift_pairs(wrong)
+    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+def test_shift_pairs_with_the_wrong_length_is_explained(capsys):
+    assert not check_shift_pairs(lambda w: (w, w[:, 1:]))
+    assert capsys.readouterr().out.startswith("✗ case 1:")
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda lg, t: -my_cross_entropy(lg, t), "the *negative* mean log-probability"),
+    (lambda lg, t: -torch.softmax(lg, -1).gather(-1, t[..., None]).mean(),
+     "take the log of the probabilities"),
+    (lambda lg, t: my_cross_entropy(lg, t) * t.numel(), "you summed"),
+    (lambda lg, t: -torch.log_softmax(lg, 1).gather(-1, t[..., None]).mean(),
+     "not over the positions"),
+])
+def test_cross_entropy_hints(wrong, hint, capsys):
+    assert not check_cross_entropy(wrong)
+    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda c: my_parameter_count(c) + c.vocab_size * c.d_model, "weight tying"),
+    (lambda c: my_parameter_count(c) - c.num_layers * (4 * c.d_model + c.d_ff + c.d_model),
+     "has a bias"),
+    (lambda c: my_parameter_count(c) - (4 * c.num_layers + 2) * c.d_model, "two layer norms"),
+])
+def test_parameter_count_hints(wrong, hint, capsys):
+    assert not check_parameter_count(wrong)
+    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+def test_forgetting_learned_positions_is_explained(capsys):
+    def without_positions(config):
+        count = my_parameter_count(config)
+        if config.positional == "learned":
+            count -= config.context_length * config.d_model
+        return count
+
+    assert not check_parameter_count(without_positions)
+    assert "(context_length, d_model) table" in capsys.readouterr().out
+
+
+def test_assuming_d_ff_is_four_d_model_fails_on_the_case_that_sets_it(capsys):
+    def four_d(config):
+        return my_parameter_count(GPTConfig(**{**vars(config), "d_ff": 4 * config.d_model}))
+
+    assert not check_parameter_count(four_d)
+    assert capsys.readouterr().out.startswith("✗ case 2:")

@@ -71,7 +71,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     parser.add_argument("--repeats", type=int, default=25, help="timed repeats per size")
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS),
+                        help="sequence lengths T (default 128 512 1024; 512 is always included)")
     args = parser.parse_args()
+    lengths = sorted(set(args.lengths) | {512})
     torch.set_num_threads(args.threads)
     _ = torch.manual_seed(0)
     d_model = HEADS * D_K
@@ -91,7 +94,7 @@ def main() -> None:
 
     ratios = {}
     with torch.inference_mode():
-        for length in LENGTHS:
+        for length in lengths:
             q, k, v = (torch.randn(BATCH, HEADS, length, D_K) for _ in range(3))
             mask = causal_mask(length)
             torch.testing.assert_close(blocked_attention(q, k, v),
@@ -107,7 +110,7 @@ def main() -> None:
             report("scaled_dot_product_attention", length,
                    lambda: scaled_dot_product_attention(q, k, v),
                    lambda: F.scaled_dot_product_attention(q, k, v))
-        for length in LENGTHS:
+        for length in lengths:
             x = torch.randn(BATCH, length, d_model)
             torch.testing.assert_close(our_mha(x), torch_mha(x, x, x, need_weights=False)[0])
             report("MultiHeadAttention", length, lambda: our_mha(x),

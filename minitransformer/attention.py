@@ -133,10 +133,10 @@ def blocked_attention(
     """:func:`scaled_dot_product_attention` with the queries taken ``query_block`` at a time (chapter 7).
 
     The rows of the score matrix are independent, so only a ``(..., query_block, T_k)`` slice of
-    it needs to exist at once; the result is the same. Each block's scores are turned into
-    weights in place (and, without gradients to track, every block reuses one scratch tensor for
-    them), and the division by each row's total is done on the ``d_v`` outputs rather than the
-    ``T_k`` weights. No dropout and no weights: this is the version for speed and memory.
+    it needs to exist at once; the result is the same. Each block takes three steps: scores,
+    mask, then PyTorch's fused ``torch.softmax`` written over the scores (without gradients to
+    track, every block reuses one scratch tensor for them) and the weighted sum. No dropout and
+    no weights: this is the version for speed and memory.
 
     Args:
         query, key, value, attn_mask, scale: as for :func:`scaled_dot_product_attention`.
@@ -175,10 +175,8 @@ def blocked_attention(
             scores.masked_fill_(_rows(hidden, rows), float("-inf"))
         elif added is not None:
             scores.add_(_rows(added, rows))
-        # the largest score is a constant that cancels, so gradients need not flow through it
-        exps = scores.sub_(scores.detach().amax(dim=-1, keepdim=True)).exp_()
-        total = exps.sum(dim=-1, keepdim=True)                           # (..., b, 1)
-        outputs.append(torch.matmul(exps, value).div_(total))            # (..., b, d_v)
+        weights = torch.softmax(scores, dim=-1, out=out)                 # over the scores
+        outputs.append(torch.matmul(weights, value))                     # (..., b, d_v)
     return torch.cat(outputs, dim=-2)                                    # (..., T_q, d_v)
 
 

@@ -79,7 +79,8 @@ def scaled_dot_product_attention(
     ``dropout_p`` and ``scale`` are keyword-only, there is no ``is_causal`` (pass
     :func:`~minitransformer.masks.causal_mask` as the mask: it aligns to the lower right, which
     cached decoding needs), a query whose keys are all masked is an error instead of zeros, so is
-    a floating mask of only 0s and 1s, and ``return_weights`` also returns the weights. Leading batch and head dimensions ``...`` broadcast.
+    a floating mask of only 0s and 1s, and ``return_weights`` also returns the weights. Leading
+    batch and head dimensions ``...`` broadcast.
 
     Args:
         query: ``(..., T_q, d_k)``, what each of the T_q positions is looking for.
@@ -130,7 +131,7 @@ def blocked_attention(
     scale: float | None = None,
     query_block: int = QUERY_BLOCK,
 ) -> Tensor:
-    """:func:`scaled_dot_product_attention` with the queries taken ``query_block`` at a time (chapter 7).
+    """Attention with the queries taken ``query_block`` at a time (chapter 7).
 
     The rows of the score matrix are independent, so only a ``(..., query_block, T_k)`` slice of
     it needs to exist at once; the result is the same. Each block takes three steps: scores,
@@ -297,8 +298,8 @@ class MultiHeadAttention(nn.Module):
                return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """:meth:`forward` without validation: the path layers and models call.
 
-        A model validates its input once in its own ``forward`` and then calls its layers' ``attend``
-        on every step, so that no input is checked twice. Arguments and results as for
+        A model validates its input once in its own ``forward`` and then calls its layers'
+        ``attend`` on every step, so that no input is checked twice. Arguments and results as for
         :meth:`forward`, but ``key`` and ``value`` must be given, and bad input gives PyTorch's
         errors (or a wrong result) instead of ours.
 

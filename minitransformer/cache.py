@@ -57,6 +57,11 @@ class KVCache:
         layer holds the same number)."""
         return self._lengths[0]
 
+    def length(self, layer_idx: int) -> int:
+        """How many positions layer ``layer_idx`` holds (during a forward pass, the layers
+        before it have already appended the new ones)."""
+        return self._lengths[layer_idx]
+
     def update(self, layer_idx: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append layer ``layer_idx``'s new keys and values; return all it holds.
 

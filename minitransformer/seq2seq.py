@@ -1,0 +1,473 @@
+"""The encoder-decoder transformer, trained to translate (chapter 10).
+
+The encoder reads the whole source sentence with unmasked self-attention; the decoder writes the
+target one token at a time with causal self-attention, and reads the encoder's output, the
+*memory*, through cross-attention: queries from the target, keys and values from the source.
+Both stacks are chapter 8's pre-norm blocks; weights start as in chapter 9 (GPT-2's).
+
+* :class:`Seq2SeqConfig`, :class:`Seq2Seq` -- the model: ``encode``, ``decode``, ``forward``
+  (teacher forcing), ``translate`` (greedy);
+* :class:`SourceMemory` -- an encoded source batch as the decoder reads it while generating, with
+  the cross-attention keys and values projected once;
+* :func:`beam_search` -- keep the ``beam_size`` best partial translations instead of one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minitransformer import _checks
+from minitransformer.attention import MultiHeadAttention
+from minitransformer.layers import DecoderLayer, EncoderLayer, LayerNorm
+from minitransformer.masks import causal_mask, padding_mask
+
+
+@dataclass
+class Seq2SeqConfig:
+    """The sizes of a :class:`Seq2Seq`.
+
+    Args:
+        src_vocab_size, tgt_vocab_size: the number of source and target tokens.
+        context_length: the most positions of a source sentence, and of a decoder input.
+        num_layers: blocks in the encoder, and again in the decoder.
+        num_heads: attention heads per attention layer; must divide ``d_model``.
+        d_model: the width of every token vector.
+        d_ff: the feed-forward hidden width; ``None`` means ``4 * d_model``.
+        dropout: dropout probability in training.
+        label_smoothing: the share ``eps`` of the target probability spread evenly over the
+            whole target vocabulary (0 = plain cross-entropy).
+        pad_id, bos_id, eos_id: the special tokens, the same ids in both vocabularies.
+
+    Raises:
+        TypeError, ValueError: a size that is not a positive int, ``d_model`` not divisible by
+            ``num_heads``, a probability outside ``[0, 1)``, special ids that are not distinct
+            or do not fit in both vocabularies.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    context_length: int
+    num_layers: int
+    num_heads: int
+    d_model: int
+    d_ff: int | None = None
+    dropout: float = 0.0
+    label_smoothing: float = 0.0
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "context_length", "num_layers",
+                     "num_heads", "d_model"):
+            _checks.check_int(name, getattr(self, name))
+        _checks.check_divisible(self.d_model, self.num_heads)
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        _checks.check_int("d_ff", self.d_ff)
+        _checks.check_probability("dropout", self.dropout)
+        _checks.check_probability("label_smoothing", self.label_smoothing)
+        smallest = min(self.src_vocab_size, self.tgt_vocab_size)
+        for name in ("pad_id", "bos_id", "eos_id"):
+            _checks.check_int(name, getattr(self, name), low=0)
+            if getattr(self, name) >= smallest:
+                raise ValueError(f"{name}={getattr(self, name)} must be a token of both "
+                                 f"vocabularies, which have {self.src_vocab_size} and "
+                                 f"{self.tgt_vocab_size} tokens")
+        if len({self.pad_id, self.bos_id, self.eos_id}) < 3:
+            raise ValueError(f"pad_id, bos_id and eos_id must differ, got {self.pad_id}, "
+                             f"{self.bos_id} and {self.eos_id}")
+
+
+@dataclass
+class SourceMemory:
+    """A batch of encoded source sentences, as the decoder reads them while generating.
+
+    Attributes:
+        memory: the encoder's output ``(B, T_src, d_model)``.
+        mask: ``(B, 1, 1, T_src)``, True at real source tokens (cross-attention never reads
+            padding).
+        keys_values: per decoder layer, the cross-attention keys and values
+            ``(B, num_heads, T_src, d_k)``, projected once per sentence; ``None`` to project the
+            memory again at every step.
+    """
+
+    memory: Tensor
+    mask: Tensor
+    keys_values: list[tuple[Tensor, Tensor]] | None = None
+
+    def repeat_interleave(self, repeats: int) -> SourceMemory:
+        """Each sentence ``repeats`` times in a row (one copy per beam of :func:`beam_search`)."""
+        kv = None if self.keys_values is None else [
+            (k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0))
+            for k, v in self.keys_values]
+        return SourceMemory(self.memory.repeat_interleave(repeats, 0),
+                            self.mask.repeat_interleave(repeats, 0), kv)
+
+
+class Seq2Seq(nn.Module):
+    """An encoder-decoder transformer (Vaswani et al., 2017), pre-norm.
+
+    ``memory = encoder(src)``; ``logits = decoder(tgt_in, memory)``. Token and learned position
+    embeddings on each side; ``num_layers`` :class:`~minitransformer.layers.EncoderLayer` and
+    ``num_layers`` :class:`~minitransformer.layers.DecoderLayer` blocks, each stack followed by a
+    layer norm; an output head that shares its weights with the target token embedding.
+
+    Args:
+        config: the sizes and special ids (:class:`Seq2SeqConfig`).
+        device, dtype: where and in what precision to create the parameters.
+
+    Sub-modules: ``src_token_embedding``, ``src_position_embedding``, ``tgt_token_embedding``,
+    ``tgt_position_embedding``, ``dropout``, ``encoder_layers``, ``encoder_norm``,
+    ``decoder_layers``, ``decoder_norm``, ``head``. Weights start as GPT-2's: linear and
+    embedding weights normal with std 0.02, biases zero.
+    """
+
+    def __init__(self, config: Seq2SeqConfig, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        if not isinstance(config, Seq2SeqConfig):
+            raise TypeError(f"config must be a Seq2SeqConfig, got {type(config).__name__}")
+        factory = _checks.factory_kwargs(device, dtype)
+        self.config = c = config
+        self.src_token_embedding = nn.Embedding(c.src_vocab_size, c.d_model, **factory)
+        self.src_position_embedding = nn.Embedding(c.context_length, c.d_model, **factory)
+        self.tgt_token_embedding = nn.Embedding(c.tgt_vocab_size, c.d_model, **factory)
+        self.tgt_position_embedding = nn.Embedding(c.context_length, c.d_model, **factory)
+        self.dropout = nn.Dropout(c.dropout)
+        block = {"dropout": c.dropout, "activation": "gelu", "norm_first": True, **factory}
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(c.d_model, c.num_heads, c.d_ff, **block) for _ in range(c.num_layers))
+        self.encoder_norm = LayerNorm(c.d_model, **factory)
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(c.d_model, c.num_heads, c.d_ff, **block) for _ in range(c.num_layers))
+        self.decoder_norm = LayerNorm(c.d_model, **factory)
+        self.head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False, **factory)
+        self.head.weight = self.tgt_token_embedding.weight  # weight tying
+        self.apply(_init_weights)
+
+    # --- the public, checked entry points ------------------------------------------------------
+
+    def encode(self, src: Tensor) -> Tensor:
+        """The memory: source ids ``(B, T_src)`` -> ``(B, T_src, d_model)``.
+
+        Self-attention without a causal mask: every source token reads the whole sentence, except
+        padding (``pad_id``), which no token reads.
+
+        Raises:
+            TypeError: ``src`` is not an integer tensor.
+            ValueError: not ``(B, T_src)``, longer than ``context_length``, a token id out of
+                range, or a sentence that is all padding.
+        """
+        self._check_src(src)
+        return self._encode(src, padding_mask(src, self.config.pad_id))
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src: Tensor) -> Tensor:
+        """Next-token logits ``(B, T_tgt, tgt_vocab_size)`` for the decoder input ``tgt_in``.
+
+        Causal self-attention over ``tgt_in`` ``(B, T_tgt)``, then cross-attention to
+        ``memory`` ``(B, T_src, d_model)`` in every layer, never to the padding of ``src``.
+
+        Raises:
+            TypeError, ValueError: as :meth:`encode` for ``src`` and ``tgt_in``; a ``memory`` that
+                is not ``(B, T_src, d_model)`` of ``src``'s batch and length.
+        """
+        self._check_src(src)
+        self._check_tgt("tgt_in", tgt_in, src)
+        expected = (src.shape[0], src.shape[1], self.config.d_model)
+        _checks.check_float_tensor("memory", memory, ndim=3)
+        if tuple(memory.shape) != expected:
+            raise ValueError(f"memory must have shape (B, T_src, d_model) = {expected} for src "
+                             f"{_checks.shape(src)}, got {_checks.shape(memory)}")
+        _checks.check_same_dtype(memory=memory, **{"the model's weights": self.head.weight})
+        return self._decode(tgt_in, memory, padding_mask(src, self.config.pad_id))
+
+    def forward(self, src: Tensor, tgt_in: Tensor,
+                targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Teacher forcing: logits for every target position at once, and the loss.
+
+        Args:
+            src: ``(B, T_src)`` source ids, padded with ``pad_id``.
+            tgt_in: ``(B, T_tgt)`` the decoder input: ``bos_id``, then the target sentence.
+            targets: ``(B, T_tgt)`` the target sentence, then ``eos_id`` (``tgt_in`` shifted
+                one to the left); positions holding ``pad_id`` are left out of the loss.
+
+        Returns:
+            ``(logits, loss)``: logits ``(B, T_tgt, tgt_vocab_size)``; the loss is the mean
+            cross-entropy over the non-padding targets, with ``config.label_smoothing``, or
+            ``None`` without ``targets``.
+
+        Raises:
+            TypeError, ValueError: as :meth:`encode`; also a ``tgt_in`` that does not start with
+                ``bos_id``, a batch size that differs from ``src``'s, ``targets`` shaped unlike
+                ``tgt_in``.
+        """
+        c = self.config
+        self._check_src(src)
+        self._check_tgt("tgt_in", tgt_in, src)
+        if tgt_in.device.type != "meta" and (tgt_in[:, 0] != c.bos_id).any():
+            rows = torch.nonzero(tgt_in[:, 0] != c.bos_id).flatten().tolist()
+            raise ValueError(f"tgt_in must start with bos_id={c.bos_id} (the decoder input is "
+                             f"<bos> + the target), but row {rows[0]} starts with "
+                             f"{int(tgt_in[rows[0], 0])}")
+        if targets is not None:
+            self._check_tgt("targets", targets, src)
+            if targets.shape != tgt_in.shape:
+                raise ValueError(f"targets must have the shape of tgt_in "
+                                 f"{_checks.shape(tgt_in)}, got {_checks.shape(targets)}")
+        mask = padding_mask(src, c.pad_id)
+        logits = self._decode(tgt_in, self._encode(src, mask), mask)   # (B, T_tgt, N)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=c.pad_id,
+                               label_smoothing=c.label_smoothing)
+        return logits, loss
+
+    @torch.no_grad()
+    def translate(self, src: Tensor, max_new_tokens: int, *, use_cache: bool = True) -> Tensor:
+        """Greedy decoding: start from ``bos_id``, append the most likely next token, repeat.
+
+        Args:
+            src: ``(B, T_src)`` source ids.
+            max_new_tokens: the most tokens to write after ``bos_id`` (``eos_id`` included).
+            use_cache: project the memory to cross-attention keys and values once per sentence
+                instead of at every step. The output is the same either way.
+
+        Returns:
+            ``(B, <= max_new_tokens + 1)`` ids: each row ``bos_id``, the translation, ``eos_id``,
+            then ``pad_id`` to the common length; a row that reaches ``max_new_tokens`` without
+            ``eos_id`` stops there. Computed in eval mode (the mode is restored).
+
+        Raises:
+            TypeError, ValueError: as :meth:`encode`; ``max_new_tokens`` not a positive int or
+                ``max_new_tokens + 1 > context_length``.
+        """
+        c = self.config
+        self._check_max_new_tokens(max_new_tokens)
+        was_training = self.training
+        self.eval()
+        source = self.read_source(src, use_cache=use_cache)
+        out = torch.full((src.shape[0], 1), c.bos_id, dtype=torch.long, device=src.device)
+        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+        for _ in range(max_new_tokens):
+            next_id = self.next_token_logits(out, source).argmax(dim=-1)           # (B,)
+            next_id = next_id.masked_fill(done, c.pad_id)
+            out = torch.cat([out, next_id[:, None]], dim=1)                      # (B, t + 1)
+            done |= next_id == c.eos_id
+            if done.all():
+                break
+        self.train(was_training)
+        return out
+
+    @torch.no_grad()
+    def cross_attention_weights(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
+        """Every decoder layer's cross-attention weights when the decoder reads ``tgt_in``:
+        a list of ``num_layers`` tensors ``(B, num_heads, T_tgt, T_src)``; row = target
+        position (query), column = source position (key). Padding columns are exactly 0."""
+        self._check_src(src)
+        self._check_tgt("tgt_in", tgt_in, src)
+        mask = padding_mask(src, self.config.pad_id)
+        weights: list[Tensor] = []
+        self._decode(tgt_in, self._encode(src, mask), mask, weights=weights)
+        return weights
+
+    # --- generation: encode once, then one step at a time -------------------------------------
+
+    def read_source(self, src: Tensor, *, use_cache: bool = True) -> SourceMemory:
+        """Encode ``src`` (checked as in :meth:`encode`) for generation; with ``use_cache`` also
+        project the memory to every decoder layer's cross-attention keys and values, once."""
+        self._check_src(src)
+        mask = padding_mask(src, self.config.pad_id)
+        memory = self._encode(src, mask)
+        keys_values = self.memory_keys_values(memory) if use_cache else None
+        return SourceMemory(memory, mask, keys_values)
+
+    def memory_keys_values(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each decoder layer's cross-attention keys and values of ``memory``, split into heads:
+        ``num_layers`` pairs of ``(B, num_heads, T_src, d_k)``. They depend on the source only,
+        so a translation needs them once, however many tokens it writes. Unchecked."""
+        return [(attn.split_heads(attn.k_proj(memory)), attn.split_heads(attn.v_proj(memory)))
+                for attn in (layer.multihead_attn for layer in self.decoder_layers)]
+
+    def next_token_logits(self, tgt_in: Tensor, source: SourceMemory) -> Tensor:
+        """The logits ``(B, tgt_vocab_size)`` of the token that follows ``tgt_in`` ``(B, t)``.
+        Unchecked: for generation loops that checked their input once."""
+        logits = self._decode(tgt_in, source.memory, source.mask, keys_values=source.keys_values)
+        return logits[:, -1]
+
+    # --- the computation, unchecked ------------------------------------------------------------
+
+    def _encode(self, src: Tensor, mask: Tensor) -> Tensor:
+        x = self._embed(src, self.src_token_embedding, self.src_position_embedding)
+        for layer in self.encoder_layers:
+            x = layer.encode(x, attn_mask=mask)                      # mask (B, 1, 1, T_src)
+        return self.encoder_norm.normalize(x)                        # (B, T_src, d_model)
+
+    def _decode(self, tgt_in: Tensor, memory: Tensor, mask: Tensor, *,
+                keys_values: list[tuple[Tensor, Tensor]] | None = None,
+                weights: list[Tensor] | None = None) -> Tensor:
+        y = self._embed(tgt_in, self.tgt_token_embedding, self.tgt_position_embedding)
+        causal = causal_mask(tgt_in.shape[1], device=tgt_in.device)  # (T_tgt, T_tgt)
+        for i, layer in enumerate(self.decoder_layers):
+            if keys_values is None and weights is None:
+                y = layer.decode(y, memory, tgt_mask=causal, memory_mask=mask)
+            else:
+                kv = keys_values[i] if keys_values is not None else None
+                y = _decoder_block(layer, y, memory, kv, causal, mask, weights)
+        return self.head(self.decoder_norm.normalize(y))             # (B, T_tgt, N)
+
+    def _embed(self, ids: Tensor, tokens: nn.Embedding, positions: nn.Embedding) -> Tensor:
+        where = torch.arange(ids.shape[1], device=ids.device)
+        return self.dropout(tokens(ids) + positions(where))          # (B, T, d_model)
+
+    # --- checks ----------------------------------------------------------------------------------
+
+    def _check_src(self, src: Tensor) -> None:
+        c = self.config
+        _checks.check_token_ids("src", src, c.src_vocab_size, max_len=c.context_length)
+        if src.device.type != "meta" and src.numel() and (src == c.pad_id).all(dim=1).any():
+            row = int(torch.nonzero((src == c.pad_id).all(dim=1))[0])
+            raise ValueError(f"src row {row} is all padding (pad_id={c.pad_id}): a sentence "
+                             f"needs at least one token for the decoder to read")
+
+    def _check_tgt(self, name: str, ids: Tensor, src: Tensor) -> None:
+        c = self.config
+        _checks.check_token_ids(name, ids, c.tgt_vocab_size, max_len=c.context_length)
+        if ids.shape[0] != src.shape[0]:
+            raise ValueError(f"{name} and src must have the same batch size, got {name} "
+                             f"{_checks.shape(ids)} and src {_checks.shape(src)}")
+
+    def _check_max_new_tokens(self, max_new_tokens: int) -> None:
+        _checks.check_int("max_new_tokens", max_new_tokens)
+        if max_new_tokens + 1 > self.config.context_length:
+            raise ValueError(f"max_new_tokens={max_new_tokens} plus <bos> needs "
+                             f"{max_new_tokens + 1} positions, more than context_length="
+                             f"{self.config.context_length}")
+
+
+def _decoder_block(layer: DecoderLayer, y: Tensor, memory: Tensor,
+                   keys_values: tuple[Tensor, Tensor] | None, tgt_mask: Tensor, mask: Tensor,
+                   weights: list[Tensor] | None) -> Tensor:
+    """``layer.decode`` (pre-norm), with the cross-attention's keys and values given already
+    projected, and its weights appended to ``weights`` when that is a list."""
+    h = layer.norm1.normalize(y)
+    y = y + layer.dropout1(layer.self_attn.attend(h, h, h, attn_mask=tgt_mask))
+    attn = layer.multihead_attn
+    key, value = keys_values or (attn.split_heads(attn.k_proj(memory)),  # (B, h, T_src, d_k)
+                                 attn.split_heads(attn.v_proj(memory)))
+    y = y + layer.dropout2(cross_attention(attn, layer.norm2.normalize(y), key, value,
+                                           attn_mask=mask, weights=weights))
+    return y + layer.dropout3(layer.feed_forward.transform(layer.norm3.normalize(y)))
+
+
+def cross_attention(attn: MultiHeadAttention, x: Tensor, key: Tensor, value: Tensor, *,
+                    attn_mask: Tensor | None = None,
+                    weights: list[Tensor] | None = None) -> Tensor:
+    """``attn`` applied to queries from ``x`` ``(B, T_q, d_model)`` and keys and values that are
+    already projected and split into heads, ``(B, num_heads, T_k, d_k)``; returns
+    ``(B, T_q, d_model)``. With a list for ``weights``, appends the weights
+    ``(B, num_heads, T_q, T_k)``. Unchecked."""
+    q = attn.split_heads(attn.q_proj(x))                             # (B, h, T_q, d_k)
+    dropout_p = attn.dropout if attn.training else 0.0
+    heads = F.scaled_dot_product_attention(q, key, value, attn_mask, dropout_p=dropout_p)
+    if weights is not None:
+        scores = q @ key.transpose(-2, -1) / math.sqrt(attn.d_k)     # (B, h, T_q, T_k)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        weights.append(torch.softmax(scores, dim=-1))
+    return attn.out_proj(attn.merge_heads(heads))                    # (B, T_q, d_model)
+
+
+@torch.no_grad()
+def beam_search(model: Seq2Seq, src: Tensor, *, beam_size: int, max_new_tokens: int) -> Tensor:
+    """Translate by keeping the ``beam_size`` most likely partial translations of each sentence.
+
+    At each step every kept translation is extended by every token, and the ``beam_size``
+    extensions with the highest total log-probability survive; a translation that has written
+    ``eos_id`` keeps its score and is extended only by padding. ``beam_size=1`` is greedy
+    decoding, :meth:`Seq2Seq.translate`.
+
+    Returns:
+        ``(B, <= max_new_tokens + 1)`` ids laid out as :meth:`Seq2Seq.translate`'s: the best
+        translation of each sentence.
+
+    Raises:
+        TypeError, ValueError: as :meth:`Seq2Seq.translate`; ``beam_size`` not a positive int.
+    """
+    if not isinstance(model, Seq2Seq):
+        raise TypeError(f"beam_search expects a Seq2Seq model, got {type(model).__name__}")
+    _checks.check_int("beam_size", beam_size)
+    model._check_max_new_tokens(max_new_tokens)
+    c, k = model.config, beam_size
+    was_training = model.training
+    model.eval()
+    source = model.read_source(src).repeat_interleave(k)            # B * k copies
+    batch = src.shape[0]
+    seqs = torch.full((batch * k, 1), c.bos_id, dtype=torch.long, device=src.device)
+    scores = torch.full((batch, k), float("-inf"), dtype=source.memory.dtype, device=src.device)
+    scores[:, 0] = 0.0                                               # one live beam to start
+    done = torch.zeros(batch * k, dtype=torch.bool, device=src.device)
+    for _ in range(max_new_tokens):
+        logp = F.log_softmax(model.next_token_logits(seqs, source), dim=-1)  # (B k, N)
+        logp[done] = float("-inf")
+        logp[done, c.pad_id] = 0.0                                   # finished: pad for free
+        candidates = (scores.reshape(-1, 1) + logp).reshape(batch, -1)             # (B, k N)
+        scores, best = candidates.topk(k, dim=-1)                    # (B, k), sorted
+        beam, token = best // logp.shape[-1], best % logp.shape[-1]
+        rows = (torch.arange(batch, device=src.device)[:, None] * k + beam).flatten()
+        seqs = torch.cat([seqs[rows], token.reshape(-1, 1)], dim=1)
+        done = done[rows] | (token.flatten() == c.eos_id)
+        if done.all():
+            break
+    model.train(was_training)
+    seqs = seqs.reshape(batch, k, -1)[:, 0]                          # the best beam
+    is_eos = seqs == c.eos_id
+    ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, seqs.shape[1])
+    return seqs[:, : int(ends.max())]                                # as long as greedy's
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2's initialisation, as in chapter 9: N(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+
+
+def strip_special(ids: Tensor | list[int], *, bos_id: int = 1, eos_id: int = 2) -> list[int]:
+    """The sentence inside one row of ids: without a leading ``bos_id``, cut before the first
+    ``eos_id`` (padding follows it). ``[1, 7, 4, 2, 0]`` -> ``[7, 4]``."""
+    ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+    if ids[:1] == [bos_id]:
+        ids = ids[1:]
+    return ids[: ids.index(eos_id)] if eos_id in ids else ids
+
+
+def exact_match(translations: Tensor, targets: Tensor, *, bos_id: int = 1,
+                eos_id: int = 2) -> float:
+    """The share of rows whose translation is exactly the target: the tokens between ``bos_id``
+    and ``eos_id`` in a row of ``translations`` (from :meth:`Seq2Seq.translate`) equal the
+    tokens before ``eos_id`` in the same row of ``targets``. A translation that never wrote
+    ``eos_id`` does not match.
+
+    Raises:
+        ValueError: the two are not 2-D tensors with the same number of rows.
+    """
+    for name, ids in (("translations", translations), ("targets", targets)):
+        if not isinstance(ids, Tensor) or ids.ndim != 2:
+            raise ValueError(f"{name} must be a (B, T) tensor of token ids, got "
+                             + (f"shape {_checks.shape(ids)}" if isinstance(ids, Tensor)
+                                else type(ids).__name__))
+    if translations.shape[0] != targets.shape[0]:
+        raise ValueError(f"translations and targets must have the same number of rows, got "
+                         f"{_checks.shape(translations)} and {_checks.shape(targets)}")
+    hits = 0
+    for out, ref in zip(translations.tolist(), targets.tolist()):
+        hits += eos_id in out and (strip_special(out, bos_id=bos_id, eos_id=eos_id)
+                                   == strip_special(ref, bos_id=bos_id, eos_id=eos_id))
+    return hits / translations.shape[0]

@@ -1,0 +1,503 @@
+"""The encoder-decoder (seq2seq.py) and chapter 10's parallel corpus (data.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minitransformer import data
+from minitransformer.seq2seq import (
+    Seq2Seq,
+    Seq2SeqConfig,
+    SourceMemory,
+    beam_search,
+    exact_match,
+    strip_special,
+)
+from minitransformer.train import train
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def small_config(**overrides) -> Seq2SeqConfig:
+    sizes = {"src_vocab_size": 13, "tgt_vocab_size": 11, "context_length": 12, "num_layers": 2,
+                 "num_heads": 2, "d_model": 16}
+    return Seq2SeqConfig(**{**sizes, **overrides})
+
+
+def small_model(seed: int = 0, **overrides) -> Seq2Seq:
+    torch.manual_seed(seed)
+    return Seq2Seq(small_config(**overrides)).eval()
+
+
+def batch(seed: int = 1):
+    """A padded source batch (rows of 6, 4 and 2 tokens) and a decoder input with targets."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, 13, (3, 6), generator=g)
+    src[1, 4:] = PAD
+    src[2, 2:] = PAD
+    tgt = torch.randint(3, 11, (3, 6), generator=g)
+    tgt_in = torch.cat([torch.full((3, 1), BOS), tgt[:, :-1]], dim=1)
+    return src, tgt_in, tgt
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    train_pairs, val_pairs = data.translation_splits(3000, 64, seed=0)
+    src_vocab, tgt_vocab = data.translation_vocabularies()
+    return train_pairs, val_pairs, src_vocab, tgt_vocab
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Models this small run fastest on one thread (and far faster on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus):
+    """A small model trained briefly on the corpus: it writes <eos>, mostly in the right place."""
+    train_pairs, _, src_vocab, tgt_vocab = corpus
+    torch.manual_seed(0)
+    config = Seq2SeqConfig(len(src_vocab), len(tgt_vocab), 16, 1, 2, 32, d_ff=64)
+    model = Seq2Seq(config)
+    batches = data.translation_batches(train_pairs, src_vocab, tgt_vocab, batch_size=32)
+    history = train(model, batches, steps=150, lr=1e-2, eval_every=50, progress=False)
+    return model, history
+
+
+# --- config and construction ---------------------------------------------------------------------
+
+def test_config_defaults():
+    config = small_config()
+    assert config.d_ff == 4 * config.d_model
+    assert (config.pad_id, config.bos_id, config.eos_id) == (0, 1, 2)
+    assert config.dropout == config.label_smoothing == 0.0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"d_model": 15, "num_heads": 2}, "divisible"),
+    ({"context_length": 0}, "context_length"),
+    ({"label_smoothing": 1.0}, "label_smoothing"),
+    ({"dropout": -0.1}, "dropout"),
+    ({"eos_id": 1}, "must differ"),
+    ({"pad_id": 11}, "pad_id=11"),
+])
+def test_bad_config_is_a_value_error(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        small_config(**overrides)
+
+
+def test_config_must_be_a_config():
+    with pytest.raises(TypeError, match="Seq2SeqConfig"):
+        Seq2Seq({"d_model": 16})
+
+
+def test_init_is_gpt2_style_and_the_head_is_tied():
+    model = small_model()
+    assert model.head.weight is model.tgt_token_embedding.weight
+    weights = torch.cat([model.src_token_embedding.weight.flatten(),
+                         model.encoder_layers[0].self_attn.q_proj.weight.flatten(),
+                         model.decoder_layers[1].multihead_attn.k_proj.weight.flatten()])
+    assert abs(weights.std().item() - 0.02) < 0.004
+    assert model.decoder_layers[0].feed_forward.linear1.bias.abs().max() == 0
+    config = small_config()
+    src, tgt_in, targets = batch()
+    _, loss = model(src, tgt_in, targets)
+    assert abs(loss.item() - math.log(config.tgt_vocab_size)) < 0.5
+
+
+def test_device_and_dtype_are_used():
+    model = Seq2Seq(small_config(), device="cpu", dtype=torch.float64)
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    src, tgt_in, targets = batch()
+    logits, loss = model(src, tgt_in, targets)
+    assert logits.dtype == loss.dtype == torch.float64
+
+
+# --- shapes and the three masks ------------------------------------------------------------------
+
+def test_shapes():
+    model = small_model()
+    src, tgt_in, _targets = batch()
+    memory = model.encode(src)
+    assert memory.shape == (3, 6, 16)
+    assert model.decode(tgt_in, memory, src).shape == (3, 6, 11)
+    logits, loss = model(src, tgt_in)
+    assert logits.shape == (3, 6, 11) and loss is None
+    weights = model.cross_attention_weights(src, tgt_in)
+    assert len(weights) == 2 and weights[0].shape == (3, 2, 6, 6)   # (B, h, T_tgt, T_src)
+
+
+def test_forward_is_encode_then_decode():
+    model = small_model()
+    src, tgt_in, _ = batch()
+    logits, _ = model(src, tgt_in)
+    torch.testing.assert_close(logits, model.decode(tgt_in, model.encode(src), src))
+
+
+def test_later_target_tokens_do_not_change_earlier_logits():
+    model = small_model()
+    src, tgt_in, _ = batch()
+    changed = tgt_in.clone()
+    changed[:, 3:] = torch.randint(3, 11, (3, 3), generator=torch.Generator().manual_seed(5))
+    before, _ = model(src, tgt_in)
+    after, _ = model(src, changed)
+    torch.testing.assert_close(before[:, :3], after[:, :3], rtol=0, atol=1e-6)
+    assert not torch.allclose(before[:, 3:], after[:, 3:])
+
+
+def test_source_words_do_change_the_logits():
+    model = small_model()
+    src, tgt_in, _ = batch()
+    other = src.clone()
+    other[0, 0] = 3 if src[0, 0] != 3 else 4
+    assert not torch.allclose(model(src, tgt_in)[0][0], model(other, tgt_in)[0][0])
+
+
+def test_extra_source_padding_changes_no_logit():
+    model = small_model()
+    src, tgt_in, _ = batch()
+    longer = torch.cat([src, torch.full((3, 5), PAD)], dim=1)
+    torch.testing.assert_close(model(longer, tgt_in)[0], model(src, tgt_in)[0], rtol=0, atol=1e-5)
+    memory, longer_memory = model.encode(src), model.encode(longer)
+    real = src != PAD
+    torch.testing.assert_close(longer_memory[:, :6][real], memory[real], rtol=0, atol=1e-5)
+
+
+def test_padded_source_positions_get_exactly_zero_weight():
+    model = small_model()
+    src, tgt_in, _ = batch()
+    for weights in model.cross_attention_weights(src, tgt_in):
+        assert torch.all(weights[1, :, :, 4:] == 0) and torch.all(weights[2, :, :, 2:] == 0)
+        assert torch.all(weights[1, :, :, :4] > 0)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, 6))
+
+
+def test_cross_attention_weights_reproduce_the_decoder_output():
+    """The explicit block (keys and values given) equals chapter 8's DecoderLayer.decode."""
+    model = small_model()
+    src, tgt_in, _ = batch()
+    source = model.read_source(src, use_cache=True)
+    full = model.decode(tgt_in, model.encode(src), src)
+    for t in range(1, 7):
+        torch.testing.assert_close(model.next_token_logits(tgt_in[:, :t], source),
+                                   full[:, t - 1], rtol=0, atol=1e-6)
+
+
+def test_padded_targets_are_left_out_of_the_loss():
+    model = small_model()
+    src, tgt_in, targets = batch()
+    tgt_in, targets = tgt_in.clone(), targets.clone()
+    targets[0, 4:] = PAD
+    logits, loss = model(src, tgt_in, targets)
+    keep = targets != PAD
+    expected = F.cross_entropy(logits[keep], targets[keep])
+    torch.testing.assert_close(loss, expected)
+    # more padding on the target side changes neither the real logits nor the loss
+    longer_in = torch.cat([tgt_in, torch.full((3, 3), PAD)], dim=1)
+    longer_targets = torch.cat([targets, torch.full((3, 3), PAD)], dim=1)
+    longer_logits, longer_loss = model(src, longer_in, longer_targets)
+    torch.testing.assert_close(longer_logits[:, :6], logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(longer_loss, loss, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.3])
+def test_label_smoothing_follows_its_formula(eps):
+    """loss = (1 - eps) * cross-entropy + eps * mean over the N words of -log p."""
+    src, tgt_in, targets = batch()
+    targets = targets.clone()
+    targets[2, 3:] = PAD
+    plain = small_model()
+    smooth = small_model(label_smoothing=eps)
+    logits, loss = smooth(src, tgt_in, targets)
+    _, plain_loss = plain(src, tgt_in, targets)
+    keep = targets != PAD
+    log_p = logits[keep].log_softmax(-1)                        # (positions, N)
+    nll = -log_p.gather(1, targets[keep][:, None]).mean()
+    uniform = -log_p.mean(-1).mean()
+    torch.testing.assert_close(loss, (1 - eps) * nll + eps * uniform)
+    torch.testing.assert_close(nll, plain_loss)
+    assert loss > plain_loss       # an untrained model: -log p of a random word is large
+
+
+# --- decoding ------------------------------------------------------------------------------------
+
+def test_translate_rows_start_with_bos_and_stop_at_eos(trained, corpus):
+    model, _ = trained
+    _, val_pairs, src_vocab, tgt_vocab = corpus
+    src, _, _ = data.translation_batch(val_pairs, src_vocab, tgt_vocab)
+    out = model.translate(src, 15)
+    assert out.dtype == torch.long and out.shape[0] == len(val_pairs) and out.shape[1] <= 16
+    assert torch.all(out[:, 0] == BOS)
+    ended = 0
+    for row in out.tolist():
+        if EOS in row:
+            ended += 1
+            assert all(token == PAD for token in row[row.index(EOS) + 1:])
+        assert BOS not in row[1:]
+    assert ended >= 0.8 * len(val_pairs)
+    assert out[:, -1].ne(PAD).any()      # no column of padding only at the end
+
+
+def test_translate_stops_at_max_new_tokens():
+    model = small_model()
+    src, _, _ = batch()
+    out = model.translate(src, 4)
+    assert out.shape[1] <= 5 and torch.all(out[:, 0] == BOS)
+
+
+@pytest.mark.parametrize("which", ["random", "trained"])
+def test_cached_and_uncached_translations_are_identical(which, request):
+    if which == "random":
+        model = small_model()
+        src, _, _ = batch()
+        steps = 11
+    else:
+        model, _ = request.getfixturevalue("trained")
+        _, val_pairs, src_vocab, tgt_vocab = request.getfixturevalue("corpus")
+        src, _, _ = data.translation_batch(val_pairs, src_vocab, tgt_vocab)
+        steps = 15
+    assert torch.equal(model.translate(src, steps, use_cache=True),
+                       model.translate(src, steps, use_cache=False))
+
+
+def test_the_cache_projects_the_memory_once():
+    model = small_model()
+    src, _, _ = batch()
+    calls = []
+    handle = model.decoder_layers[0].multihead_attn.k_proj.register_forward_hook(
+        lambda module, inputs, output: calls.append(inputs[0].shape))
+    model.translate(src, 6, use_cache=True)
+    cached = len(calls)
+    calls.clear()
+    model.translate(src, 6, use_cache=False)
+    handle.remove()
+    assert cached == 1 and len(calls) == 6
+
+
+def test_source_memory_holds_keys_values_per_layer():
+    model = small_model()
+    src, _, _ = batch()
+    source = model.read_source(src)
+    assert isinstance(source, SourceMemory) and len(source.keys_values) == 2
+    assert source.keys_values[0][0].shape == (3, 2, 6, 8)          # (B, h, T_src, d_k)
+    assert model.read_source(src, use_cache=False).keys_values is None
+    repeated = source.repeat_interleave(3)
+    assert repeated.memory.shape[0] == 9 and torch.equal(repeated.mask[3], source.mask[1])
+
+
+@pytest.mark.parametrize("which", ["random", "trained"])
+def test_beam_of_one_is_greedy(which, request):
+    if which == "random":
+        model = small_model()
+        src, _, _ = batch()
+    else:
+        model, _ = request.getfixturevalue("trained")
+        _, val_pairs, src_vocab, tgt_vocab = request.getfixturevalue("corpus")
+        src, _, _ = data.translation_batch(val_pairs, src_vocab, tgt_vocab)
+    assert torch.equal(beam_search(model, src, beam_size=1, max_new_tokens=11),
+                       model.translate(src, 11))
+
+
+def _log_prob(model, src, out):
+    """The total log-probability a model gives each translation (up to and with <eos>)."""
+    logits, _ = model(src, out[:, :-1])
+    log_p = logits.log_softmax(-1).gather(2, out[:, 1:, None])[..., 0]
+    written = torch.ones_like(log_p, dtype=torch.bool)
+    for row, ids in enumerate(out.tolist()):
+        if EOS in ids:
+            written[row, ids.index(EOS):] = False
+            written[row, ids.index(EOS) - 1] = True
+    return (log_p * written).sum(1)
+
+
+def test_wider_beams_keep_the_layout_and_find_likely_translations(trained, corpus):
+    model, _ = trained
+    _, val_pairs, src_vocab, tgt_vocab = corpus
+    src, _, _ = data.translation_batch(val_pairs, src_vocab, tgt_vocab)
+    greedy = model.translate(src, 15)
+    beam = beam_search(model, src, beam_size=4, max_new_tokens=15)
+    assert torch.all(beam[:, 0] == BOS)
+    for row in beam.tolist():
+        assert EOS not in row or all(t == PAD for t in row[row.index(EOS) + 1:])
+    with torch.no_grad():
+        # on average over sentences the beam finds translations at least as likely as greedy's
+        assert _log_prob(model, src, beam).mean() >= _log_prob(model, src, greedy).mean() - 1e-4
+
+
+# --- training ------------------------------------------------------------------------------------
+
+def test_a_short_seeded_run_lowers_the_loss(trained):
+    _, history = trained
+    assert history.train_losses[-1] < 0.5 * history.train_losses[0]
+
+
+def test_training_is_repeatable(corpus):
+    train_pairs, _, src_vocab, tgt_vocab = corpus
+    losses = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        model = Seq2Seq(Seq2SeqConfig(len(src_vocab), len(tgt_vocab), 16, 1, 2, 16))
+        batches = data.translation_batches(train_pairs, src_vocab, tgt_vocab, batch_size=16)
+        losses.append(train(model, batches, steps=8, lr=1e-3, eval_every=4,
+                            progress=False).train_losses)
+    assert losses[0] == losses[1]
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+def test_too_long_sequences_are_value_errors():
+    model = small_model()
+    src, tgt_in, _targets = batch()
+    long_src = torch.full((3, 13), 5)
+    with pytest.raises(ValueError, match="src has 13 positions, more than context_length=12"):
+        model(long_src, tgt_in)
+    long_tgt = torch.cat([tgt_in, torch.full((3, 7), 4)], dim=1)
+    with pytest.raises(ValueError, match="tgt_in has 13 positions"):
+        model(src, long_tgt)
+    with pytest.raises(ValueError, match="context_length=12"):
+        model.translate(src, 12)
+
+
+def test_out_of_range_tokens_are_value_errors():
+    model = small_model()
+    src, tgt_in, targets = batch()
+    bad_src = src.clone()
+    bad_src[0, 0] = 13
+    with pytest.raises(ValueError, match=r"src holds token id 13, outside the vocabulary \[0, 13"):
+        model(bad_src, tgt_in)
+    bad_tgt = tgt_in.clone()
+    bad_tgt[1, 2] = 11
+    with pytest.raises(ValueError, match="tgt_in holds token id 11"):
+        model(src, bad_tgt)
+    bad_targets = targets.clone()
+    bad_targets[0, 0] = -1
+    with pytest.raises(ValueError, match="targets holds token id -1"):
+        model(src, tgt_in, bad_targets)
+    with pytest.raises(ValueError, match="src holds token id 13"):
+        model.translate(bad_src, 5)
+
+
+def test_decoder_input_must_start_with_bos():
+    model = small_model()
+    src, _tgt_in, targets = batch()
+    with pytest.raises(ValueError, match="tgt_in must start with bos_id=1.*row 0 starts with"):
+        model(src, targets)
+
+
+@pytest.mark.parametrize("problem", ["batch", "targets shape", "all padding", "memory", "dtype"])
+def test_other_bad_inputs_are_named(problem):
+    model = small_model()
+    src, tgt_in, targets = batch()
+    if problem == "batch":
+        with pytest.raises(ValueError, match="same batch size"):
+            model(src[:2], tgt_in)
+    elif problem == "targets shape":
+        with pytest.raises(ValueError, match="targets must have the shape of tgt_in"):
+            model(src, tgt_in, targets[:, :4])
+    elif problem == "all padding":
+        src[1] = PAD
+        with pytest.raises(ValueError, match="src row 1 is all padding"):
+            model.encode(src)
+    elif problem == "memory":
+        with pytest.raises(ValueError, match=r"memory must have shape \(B, T_src, d_model\)"):
+            model.decode(tgt_in, torch.zeros(3, 5, 16), src)
+    else:
+        with pytest.raises(TypeError, match="integer tensor"):
+            model(src.float(), tgt_in)
+
+
+def test_beam_search_arguments():
+    model = small_model()
+    src, _, _ = batch()
+    with pytest.raises(ValueError, match="beam_size must be at least 1"):
+        beam_search(model, src, beam_size=0, max_new_tokens=3)
+    with pytest.raises(TypeError, match="Seq2Seq"):
+        beam_search(torch.nn.Linear(2, 2), src, beam_size=2, max_new_tokens=3)
+
+
+# --- exact match ---------------------------------------------------------------------------------
+
+def test_strip_special_and_exact_match():
+    assert strip_special([1, 7, 4, 2, 0]) == [7, 4]
+    assert strip_special(torch.tensor([7, 4, 2, 0, 0])) == [7, 4]
+    translations = torch.tensor([[1, 7, 4, 2, 0], [1, 5, 2, 0, 0], [1, 5, 6, 6, 6]])
+    targets = torch.tensor([[7, 4, 2], [5, 6, 2], [5, 6, 2]])
+    assert exact_match(translations, targets) == pytest.approx(1 / 3)   # no <eos>: no match
+    with pytest.raises(ValueError, match="same number of rows"):
+        exact_match(translations[:2], targets)
+
+
+# --- the corpus ----------------------------------------------------------------------------------
+
+def test_corpus_is_deterministic_and_distinct():
+    assert data.translation_pairs(50, seed=4) == data.translation_pairs(50, seed=4)
+    assert data.translation_pairs(50, seed=4) != data.translation_pairs(50, seed=5)
+    pairs = data.translation_pairs(500, seed=0)
+    assert len({source for source, _ in pairs}) == 500
+
+
+def test_splits_are_disjoint():
+    train_pairs, val_pairs = data.translation_splits(2000, 300, seed=1)
+    assert len(train_pairs) == 2000 and len(val_pairs) == 300
+    assert not {s for s, _ in train_pairs} & {s for s, _ in val_pairs}
+
+
+def test_the_target_language_has_its_own_words_and_order():
+    source = "show me my old files in the shared folder please"
+    target = data.translate_command(source)
+    assert target == "bo dosi vela mia dosujo komuna la en mi miro"
+    assert not set(source.split()) & set(target.split())
+    position = {data.TRANSLATION_LEXICON[w]: i for i, w in enumerate(source.split())}
+    alignment = [position[w] for w in target.split()]
+    assert alignment == [9, 4, 3, 2, 8, 7, 6, 5, 1, 0]         # far from the diagonal
+    for src_sentence, tgt_sentence in data.translation_pairs(200, seed=2):
+        src_words, tgt_words = src_sentence.split(), tgt_sentence.split()
+        assert len(src_words) == len(tgt_words)
+        assert tgt_words[-1] == data.TRANSLATION_LEXICON[src_words[0]]    # the verb goes last
+
+
+def test_lengths_vary():
+    lengths = {len(source.split()) for source, _ in data.translation_pairs(3000, seed=0)}
+    assert min(lengths) <= 3 and max(lengths) >= 11
+
+
+def test_translate_command_rejects_other_sentences():
+    with pytest.raises(ValueError, match="unknown words"):
+        data.translate_command("show me the battery")
+    with pytest.raises(ValueError, match="not a command"):
+        data.translate_command("files please")
+
+
+def test_vocabularies_reserve_the_specials():
+    src_vocab, tgt_vocab = data.translation_vocabularies()
+    for vocab in (src_vocab, tgt_vocab):
+        assert vocab.words[:3] == ["<pad>", "<bos>", "<eos>"]
+    assert "files" in src_vocab and "dosi" in tgt_vocab and "files" not in tgt_vocab
+
+
+def test_batches_are_padded_and_shifted(corpus):
+    train_pairs, _, src_vocab, tgt_vocab = corpus
+    pairs = [("delete songs", "kanti tilo"),
+             ("show me my old files in the shared folder please", data.translate_command(
+                 "show me my old files in the shared folder please"))]
+    src, tgt_in, targets = data.translation_batch(pairs, src_vocab, tgt_vocab)
+    assert src.shape == (2, 10) and tgt_in.shape == targets.shape == (2, 11)
+    assert src[0, 2:].eq(PAD).all() and tgt_in[:, 0].eq(BOS).all()
+    assert targets[0].tolist()[:3] == [tgt_vocab.index("kanti"), tgt_vocab.index("tilo"), EOS]
+    for row_in, row_out in zip(tgt_in.tolist(), targets.tolist()):   # the same words, shifted
+        assert [t for t in row_in[1:] if t != PAD] == strip_special(row_out)
+    stream = data.translation_batches(train_pairs, src_vocab, tgt_vocab, batch_size=8, seed=3)
+    again = data.translation_batches(train_pairs, src_vocab, tgt_vocab, batch_size=8, seed=3)
+    first, second = next(stream), next(again)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert first[0].shape[0] == 8
+    with pytest.raises(ValueError, match="batch_size=9 is more than the 2 pairs"):
+        next(data.translation_batches(pairs, src_vocab, tgt_vocab, batch_size=9))

@@ -7,6 +7,7 @@ report a stub as not implemented, and report a crash or a missing return without
 
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -28,9 +29,21 @@ CHECKERS = _all_checkers()
 
 
 def test_every_chapter_with_exercises_has_checkers():
+    files = {path.stem for path in Path(exercises.__path__[0]).glob("chapter[0-9][0-9].py")}
+    assert {f"chapter{n:02d}" for n in range(1, 8)} <= files       # chapters 1-7 have exercises
     chapters = {name.split(".")[0] for name in CHECKERS}
-    assert {f"chapter{n:02d}" for n in range(1, 8)} <= chapters
+    missing = sorted(files - chapters)
+    assert not missing, f"exercise modules without a Checker: {missing}"
     assert all(name.split(".")[1].startswith("check_") for name in CHECKERS)
+
+
+def test_every_chapter_notebook_with_exercises_has_a_checker_module():
+    book = Path(__file__).resolve().parent.parent / "book"
+    files = {path.stem for path in Path(exercises.__path__[0]).glob("chapter[0-9][0-9].py")}
+    for notebook in sorted(book.glob("[0-9][0-9]_*.ipynb")):
+        if "{exercise}" in notebook.read_text(encoding="utf-8"):
+            module = f"chapter{notebook.name[:2]}"
+            assert module in files, f"{notebook.name} has exercises but no exercises/{module}.py"
 
 
 @pytest.mark.parametrize("name", sorted(CHECKERS))

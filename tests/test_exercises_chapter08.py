@@ -94,10 +94,12 @@ def test_layer_norm_with_eps_outside_the_root(capsys):
         return (x - x.mean(-1, keepdim=True)) / (std + eps) * weight + bias
 
     assert not check_layer_norm(eps_outside)
-    out = capsys.readouterr().out
-    assert out.startswith("✗ case 2: for input ([[1.0, 2.0, 3.0, 6.0], [-2.0, 0.0, 0.0, "
-                          "2.0]], [1.0, 2.0, 0.5, -1.0], [0.0, 1.0, 0.0, -1.0], 1e-05)")
-    assert out.endswith("Hint: eps goes inside the square root: divide by sqrt(variance + eps)\n")
+    # the deciding case has a large eps, so the printed numbers differ visibly (with eps=1e-5
+    # the two answers agree to 4 decimals and the message showed the same numbers twice)
+    assert capsys.readouterr().out == (
+        "✗ case 2: for input ([[1.0, 2.0], [3.0, 5.0]], [1.0, 1.0], [0.0, 0.0], 0.5) expected "
+        "[[-0.5774, 0.5774], [-0.8165, 0.8165]] but got [[-0.5, 0.5], [-0.6667, 0.6667]]. "
+        "Hint: eps goes inside the square root: divide by sqrt(variance + eps)\n")
 
 
 def test_layer_norm_without_weight_and_bias(capsys):
@@ -107,19 +109,71 @@ def test_layer_norm_without_weight_and_bias(capsys):
 
     assert not check_layer_norm(plain)
     out = capsys.readouterr().out
-    assert out.startswith("✗ case 2:")
+    assert out.startswith("✗ case 3:")
     assert out.endswith("Hint: after normalizing, multiply by weight and add bias\n")
 
 
-def test_layer_norm_that_ignores_eps_gets_no_misleading_hint(capsys):
+def test_layer_norm_that_ignores_eps(capsys):
     def no_eps(x, weight, bias, eps):
         mean = x.mean(-1, keepdim=True)
         return (x - mean) / x.var(-1, keepdim=True, correction=0).sqrt() * weight + bias
 
     assert not check_layer_norm(no_eps)
     out = capsys.readouterr().out
+    assert out.startswith("✗ case 2:")
+    assert out.endswith("Hint: eps is missing: divide by sqrt(variance + eps), which also keeps "
+                        "a constant vector from dividing by zero\n")
+
+
+def test_layer_norm_dividing_by_the_variance(capsys):
+    def no_root(x, weight, bias, eps):
+        centred = x - x.mean(-1, keepdim=True)
+        return centred / ((centred ** 2).mean(-1, keepdim=True) + eps) * weight + bias
+
+    assert not check_layer_norm(no_root)
+    assert capsys.readouterr().out.endswith(
+        "Hint: divide by the standard deviation, the square root: "
+        "(x - mean) / sqrt(variance + eps)\n")
+
+
+def test_layer_norm_with_a_mean_that_drops_its_dimension(capsys):
+    def no_keepdim(x, weight, bias, eps):
+        mean = x.mean(dim=-1)
+        variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+        return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+
+    assert not check_layer_norm(no_keepdim)
+    out = capsys.readouterr().out
+    assert "your function raised RuntimeError: The size of tensor a (4) must match" in out
+    assert out.endswith("Hint: keep the averaged dimension: x.mean(dim=-1, keepdim=True) has "
+                        "shape (..., 1), which lines up with x; without keepdim it has shape "
+                        "(...) and does not\n")
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (lambda n, w, b: n * w, "after multiplying by weight, add bias"),
+    (lambda n, w, b: n + b, "multiply the normalized vector by weight, then add bias"),
+    (lambda n, w, b: (n + b) * w, "scale first, then shift: normalized * weight + bias, not "
+                                   "(normalized + bias) * weight"),
+], ids=["no bias", "no weight", "shift then scale"])
+def test_layer_norm_scale_and_shift_mistakes(answer, hint, capsys):
+    def wrong(x, weight, bias, eps):
+        mean = x.mean(-1, keepdim=True)
+        normalized = (x - mean) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps)
+        return answer(normalized, weight, bias)
+
+    assert not check_layer_norm(wrong)
+    out = capsys.readouterr().out
     assert out.startswith("✗ case 3:")
-    assert "Hint:" not in out
+    assert out.endswith(f"Hint: {hint}\n")
+
+
+def test_layer_norm_over_the_whole_tensor_gets_no_hint(capsys):
+    def whole(x, weight, bias, eps):
+        return (x - x.mean()) / torch.sqrt(x.var(correction=0) + eps) * weight + bias
+
+    assert not check_layer_norm(whole)
+    assert "Hint:" not in capsys.readouterr().out
 
 
 def test_residual_without_the_skip(capsys):
@@ -138,6 +192,28 @@ def test_residual_orders_swapped(capsys):
     assert "Hint: the two orders are swapped" in capsys.readouterr().out
 
 
+def test_pre_norm_that_normalizes_the_sum_as_well(capsys):
+    def wrong(x, sublayer, norm, first):
+        return norm(x + sublayer(norm(x))) if first else norm(x + sublayer(x))
+
+    assert not check_residual_sublayer(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2:")
+    assert out.endswith("Hint: pre-norm normalizes only the sub-layer's input; the sum "
+                        "x + sublayer(norm(x)) is not normalized again\n")
+
+
+def test_post_norm_that_normalizes_only_the_output(capsys):
+    def wrong(x, sublayer, norm, first):
+        return x + sublayer(norm(x)) if first else x + norm(sublayer(x))
+
+    assert not check_residual_sublayer(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1:")
+    assert out.endswith("Hint: post-norm normalizes the whole sum, norm(x + sublayer(x)), not "
+                        "only the sub-layer's output\n")
+
+
 def test_pre_norm_that_adds_the_normalized_input(capsys):
     def wrong(x, sublayer, norm, first):
         if first:
@@ -151,17 +227,63 @@ def test_pre_norm_that_adds_the_normalized_input(capsys):
     assert out.endswith("the residual adds the original x, not norm(x)\n")
 
 
+FOUR_D_MODEL_HINT = ("Hint: 4 * d_model numbers are missing: count the two layer norms (a "
+                     "weight and a bias of d_model numbers each) and the biases of the "
+                     "attention's four projections (d_model each)\n")
+
+
 def test_count_without_the_norms(capsys):
     assert not check_count_block_parameters(lambda d, h, f: 4 * d * d + 4 * d + 2 * d * f + f + d)
     assert capsys.readouterr().out == (
-        "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3150336. Hint: each "
-        "layer norm has a weight and a bias of d_model numbers, and the block has two norms\n")
+        "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3150336. "
+        + FOUR_D_MODEL_HINT)
+
+
+def test_count_without_the_attention_biases_is_not_told_it_forgot_the_norms(capsys):
+    # the same total as forgetting the norms: the hint must name both, not only the norms
+    assert not check_count_block_parameters(
+        lambda d, h, f: 4 * d * d + 2 * d * f + f + d + 2 * 2 * d)
+    assert capsys.readouterr().out.endswith(FOUR_D_MODEL_HINT)
+
+
+def test_count_with_half_the_norm_parameters(capsys):
+    # one norm, or two norms without their bias: 2 d_model either way
+    assert not check_count_block_parameters(
+        lambda d, h, f: 4 * d * d + 4 * d + 2 * d * f + f + d + 2 * d)
+    assert capsys.readouterr().out.endswith(
+        "Hint: 2 * d_model numbers are missing: the block has two layer norms, each with a "
+        "weight and a bias of d_model numbers\n")
+
+
+def test_count_of_attention_per_head(capsys):
+    assert not check_count_block_parameters(
+        lambda d, h, f: h * (4 * d * d + 4 * d) + 2 * d * f + f + d + 4 * d)
+    assert capsys.readouterr().out.endswith(
+        "Hint: the heads split d_model between them (d_k = d_model / num_heads): the attention "
+        "has 4 d_model x d_model weights and 4 d_model biases whatever num_heads is\n")
+
+
+def test_count_of_the_leading_terms_only(capsys):
+    assert not check_count_block_parameters(lambda d, h, f: 4 * d * d + 2 * d * f)
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3145728. Hint: that "
+        "counts the weight matrices only (the chapter's leading terms): add the biases, "
+        "4 d_model in the attention and d_ff + d_model in the feed-forward block, and the two "
+        "layer norms, 2 d_model each\n")
+
+
+def test_count_that_assumes_d_ff_is_4_d_model(capsys):
+    assert not check_count_block_parameters(
+        lambda d, h, f: 4 * d * d + 4 * d + 8 * d * d + 4 * d + d + 4 * d)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 3: for input (12, 3, 20)")
+    assert out.endswith("Hint: use the d_ff you are given; it need not be 4 * d_model\n")
 
 
 def test_count_without_any_bias_gets_no_misleading_hint(capsys):
-    assert not check_count_block_parameters(lambda d, h, f: 4 * d * d + 2 * d * f)
+    assert not check_count_block_parameters(lambda d, h, f: 4 * d * d + 2 * d * f + 4 * d)
     out = capsys.readouterr().out
-    assert out == "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3145728\n"
+    assert out == "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3147776\n"
 
 
 def test_the_formula_matches_the_package_block_for_every_case():

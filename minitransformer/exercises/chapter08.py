@@ -36,10 +36,11 @@ def _layer_norm_cases() -> list[tuple]:
     x = 3 * torch.randn(2, 3, 5, generator=generator, dtype=torch.float64) + 1
     weight = torch.randn(5, generator=generator, dtype=torch.float64)
     bias = torch.randn(5, generator=generator, dtype=torch.float64)
+    # a large eps second, so that where eps goes shows in the printed numbers
     return [(rows, ones, zeros, 1e-5),
+            (torch.tensor([[1.0, 2.0], [3.0, 5.0]]), torch.ones(2), torch.zeros(2), 0.5),
             (rows, torch.tensor([1.0, 2.0, 0.5, -1.0]), torch.tensor([0.0, 1.0, 0.0, -1.0]),
              1e-5),
-            (torch.tensor([[1.0, 2.0], [3.0, 5.0]]), torch.ones(2), torch.zeros(2), 0.5),
             (x, weight, bias, 1e-5)]
 
 
@@ -54,6 +55,22 @@ def _eps_outside_the_root(x, weight, bias, eps):
     return (x - mean) / (std + eps) * weight + bias
 
 
+def _without_eps(x, weight, bias, eps):
+    mean = x.mean(dim=-1, keepdim=True)
+    return (x - mean) / x.var(dim=-1, keepdim=True, correction=0).sqrt() * weight + bias
+
+
+def _without_square_root(x, weight, bias, eps):
+    mean = x.mean(dim=-1, keepdim=True)
+    return (x - mean) / (x.var(dim=-1, keepdim=True, correction=0) + eps) * weight + bias
+
+
+def _mean_without_keepdim(x, weight, bias, eps):
+    centred = x - x.mean(dim=-1)        # (..., d_model) - (...,): raises, or pairs wrongly
+    variance = (centred ** 2).mean(dim=-1, keepdim=True)
+    return centred / torch.sqrt(variance + eps) * weight + bias
+
+
 def _over_the_first_dimension(x, weight, bias, eps):
     mean = x.mean(dim=0, keepdim=True)
     variance = x.var(dim=0, keepdim=True, correction=0)
@@ -64,6 +81,18 @@ def _without_scale_and_shift(x, weight, bias, eps):
     return _layer_norm(x, torch.ones_like(weight), torch.zeros_like(bias), eps)
 
 
+def _without_shift(x, weight, bias, eps):
+    return _layer_norm(x, weight, torch.zeros_like(bias), eps)
+
+
+def _without_scale(x, weight, bias, eps):
+    return _layer_norm(x, torch.ones_like(weight), bias, eps)
+
+
+def _shift_then_scale(x, weight, bias, eps):
+    return (_layer_norm(x, torch.ones_like(weight), torch.zeros_like(bias), eps) + bias) * weight
+
+
 check_layer_norm = Checker(
     reference=_layer_norm,
     cases=_layer_norm_cases(),
@@ -71,9 +100,19 @@ check_layer_norm = Checker(
         "use the variance that divides by d_model (x.var(..., correction=0)), as layer norm "
         "does; x.var() divides by d_model - 1": _with_unbiased_variance,
         "eps goes inside the square root: divide by sqrt(variance + eps)": _eps_outside_the_root,
+        "eps is missing: divide by sqrt(variance + eps), which also keeps a constant vector "
+        "from dividing by zero": _without_eps,
+        "divide by the standard deviation, the square root: (x - mean) / sqrt(variance + eps)":
+            _without_square_root,
+        "keep the averaged dimension: x.mean(dim=-1, keepdim=True) has shape (..., 1), which "
+        "lines up with x; without keepdim it has shape (...) and does not": _mean_without_keepdim,
         "layer norm averages over each vector's own features, the last dimension (dim=-1), "
         "not over the rows": _over_the_first_dimension,
         "after normalizing, multiply by weight and add bias": _without_scale_and_shift,
+        "after multiplying by weight, add bias": _without_shift,
+        "multiply the normalized vector by weight, then add bias": _without_scale,
+        "scale first, then shift: normalized * weight + bias, not (normalized + bias) * weight":
+            _shift_then_scale,
     },
 )
 
@@ -122,6 +161,14 @@ def _post_norm_without_norm(x, sublayer, norm, norm_first):
     return x + sublayer(norm(x)) if norm_first else x + sublayer(x)
 
 
+def _pre_norm_normalizing_the_sum_too(x, sublayer, norm, norm_first):
+    return norm(x + sublayer(norm(x))) if norm_first else norm(x + sublayer(x))
+
+
+def _post_norm_of_the_output_only(x, sublayer, norm, norm_first):
+    return x + sublayer(norm(x)) if norm_first else x + norm(sublayer(x))
+
+
 check_residual_sublayer = Checker(
     reference=_residual_sublayer,
     cases=_residual_cases(),
@@ -133,6 +180,10 @@ check_residual_sublayer = Checker(
         "in pre-norm only the sub-layer's input is normalized; the residual adds the original "
         "x, not norm(x)": _pre_norm_adding_the_normalized_input,
         "post-norm normalizes the sum: norm(x + sublayer(x))": _post_norm_without_norm,
+        "pre-norm normalizes only the sub-layer's input; the sum x + sublayer(norm(x)) is not "
+        "normalized again": _pre_norm_normalizing_the_sum_too,
+        "post-norm normalizes the whole sum, norm(x + sublayer(x)), not only the sub-layer's "
+        "output": _post_norm_of_the_output_only,
     },
 )
 
@@ -150,15 +201,27 @@ check_count_block_parameters = Checker(
     reference=_count_block_parameters,
     cases=[(512, 8, 2048), (64, 4, 256), (12, 3, 20), (6, 1, 1)],
     mistakes={
-        "each layer norm has a weight and a bias of d_model numbers, and the block has two "
-        "norms": lambda d, h, f: _count_block_parameters(d, h, f) - 4 * d,
+        # forgetting the two norms and forgetting the attention's biases both lose 4 d_model
+        "4 * d_model numbers are missing: count the two layer norms (a weight and a bias of "
+        "d_model numbers each) and the biases of the attention's four projections (d_model "
+        "each)": lambda d, h, f: _count_block_parameters(d, h, f) - 4 * d,
+        "2 * d_model numbers are missing: the block has two layer norms, each with a weight and "
+        "a bias of d_model numbers": lambda d, h, f: _count_block_parameters(d, h, f) - 2 * d,
         "the heads share the width: the attention has 4 d_model x d_model weights whatever "
         "num_heads is": lambda d, h, f: _count_block_parameters(d, h, f) + (h - 1) * 4 * d * d,
+        "the heads split d_model between them (d_k = d_model / num_heads): the attention has "
+        "4 d_model x d_model weights and 4 d_model biases whatever num_heads is":
+            lambda d, h, f: _count_block_parameters(d, h, f) + (h - 1) * (4 * d * d + 4 * d),
         "do not forget the output projection W_O: four d_model x d_model matrices in the "
         "attention": lambda d, h, f: _count_block_parameters(d, h, f) - d * d - d,
         "the feed-forward block has biases too: d_ff in linear1 and d_model in linear2":
             lambda d, h, f: _count_block_parameters(d, h, f) - f - d,
         "the feed-forward block has two matrices, d_model x d_ff and d_ff x d_model":
             lambda d, h, f: _count_block_parameters(d, h, f) - d * f,
+        "that counts the weight matrices only (the chapter's leading terms): add the biases, "
+        "4 d_model in the attention and d_ff + d_model in the feed-forward block, and the two "
+        "layer norms, 2 d_model each": lambda d, h, f: 4 * d * d + 2 * d * f,
+        "use the d_ff you are given; it need not be 4 * d_model":
+            lambda d, h, f: _count_block_parameters(d, h, 4 * d),
     },
 )

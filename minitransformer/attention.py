@@ -25,6 +25,7 @@ from minitransformer._checks import (
     factory_kwargs,
     shape,
 )
+from minitransformer.cache import KVCache, check_kv_cache
 from minitransformer.functional import softmax
 
 # blocked_attention's default: queries are processed this many at a time, so only a
@@ -242,8 +243,9 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor,
-                     attn_mask: Tensor | None = None) -> None:
-        """Validate :meth:`forward`'s arguments (``key`` and ``value`` already filled in)."""
+                     attn_mask: Tensor | None = None, past: int = 0) -> None:
+        """Validate :meth:`forward`'s arguments (``key`` and ``value`` already filled in);
+        ``past`` keys held in a cache come before ``key``'s."""
         for name, t in (("query", query), ("key", key), ("value", value)):
             check_float_tensor(name, t)
             if t.ndim != 3 or t.shape[-1] != self.d_model:
@@ -259,14 +261,15 @@ class MultiHeadAttention(nn.Module):
         if key.shape[1] == 0:
             raise ValueError(f"key has no positions to attend to, shape {shape(key)}")
         if attn_mask is not None:
-            scores_shape = (query.shape[0], self.num_heads, query.shape[1], key.shape[1])
+            scores_shape = (query.shape[0], self.num_heads, query.shape[1], past + key.shape[1])
             check_mask(attn_mask, scores_shape, "(B, num_heads, T_q, T_k)")
             if attn_mask.is_floating_point():
                 check_same_dtype(query=query, attn_mask=attn_mask)
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
-                attn_mask: Tensor | None = None,
-                return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                attn_mask: Tensor | None = None, return_weights: bool = False,
+                kv_cache: KVCache | None = None,
+                layer_idx: int = 0) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value``: validate once, then :meth:`attend`.
 
         Args:
@@ -274,10 +277,16 @@ class MultiHeadAttention(nn.Module):
             key: ``(B, T_k, d_model)``; omitted: ``query`` (self-attention).
             value: ``(B, T_k, d_model)``; omitted: ``key``.
             attn_mask: keyword-only, broadcastable to ``(B, num_heads, T_q, T_k)``, boolean
-                (True = may attend) or floating (added to the scores); e.g. :func:`causal_mask`
-                or :func:`padding_mask`. (``nn.MultiheadAttention``'s 4th positional argument is
-                ``key_padding_mask``, with True = *masked*.)
+                (True = may attend) or floating (added to the scores); e.g.
+                :func:`~minitransformer.masks.causal_mask` or
+                :func:`~minitransformer.masks.padding_mask`. (``nn.MultiheadAttention``'s 4th
+                positional argument is ``key_padding_mask``, with True = *masked*.)
             return_weights: also return the per-head attention weights.
+            kv_cache: a :class:`~minitransformer.cache.KVCache` (chapter 11): the new keys and
+                values are appended to slot ``layer_idx``, and the queries attend to all it
+                holds, so ``T_k`` counts the cached positions too (the mask is
+                ``causal_mask(T_q, T_k)``, aligned to the lower right).
+            layer_idx: this layer's slot in ``kv_cache``.
 
         Returns:
             The output ``(B, T_q, d_model)``; with ``return_weights=True`` also the weights
@@ -285,17 +294,20 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             TypeError, ValueError: inputs that are not float tensors of shape
-                ``(B, T, d_model)``, that do not fit together, or a bad mask (as for
-                :func:`scaled_dot_product_attention`).
+                ``(B, T, d_model)``, that do not fit together or the cache, or a bad mask (as
+                for :func:`scaled_dot_product_attention`).
         """
         key = query if key is None else key
         value = key if value is None else value
-        self._check_inputs(query, key, value, attn_mask)
-        return self.attend(query, key, value, attn_mask=attn_mask, return_weights=return_weights)
+        past = 0 if kv_cache is None else check_kv_cache(kv_cache, layer_idx)
+        self._check_inputs(query, key, value, attn_mask, past)
+        return self.attend(query, key, value, attn_mask=attn_mask, return_weights=return_weights,
+                           kv_cache=kv_cache, layer_idx=layer_idx)
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, *,
-               attn_mask: Tensor | None = None,
-               return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+               attn_mask: Tensor | None = None, return_weights: bool = False,
+               kv_cache: KVCache | None = None,
+               layer_idx: int = 0) -> Tensor | tuple[Tensor, Tensor]:
         """:meth:`forward` without validation: the path layers and models call.
 
         A model validates its input once in its own ``forward`` and then calls its layers'
@@ -307,10 +319,15 @@ class MultiHeadAttention(nn.Module):
         ``F.scaled_dot_product_attention``; with ``return_weights=True`` through the written-out
         attention of chapter 6. The two give the same output, except that in training with
         ``dropout > 0`` they draw different dropout masks.
+
+        With a ``kv_cache``, only the new positions are projected; their keys and values join
+        the cached ones (chapter 11).
         """
         q = self.split_heads(self.q_proj(query))     # (B, h, T_q, d_k)
         k = self.split_heads(self.k_proj(key))       # (B, h, T_k, d_k)
         v = self.split_heads(self.v_proj(value))     # (B, h, T_k, d_k)
+        if kv_cache is not None:
+            k, v = kv_cache.update(layer_idx, k, v)  # (B, h, T_cached + T_k, d_k)
         dropout_p = self.dropout if self.training else 0.0
         if return_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)        # (B, h, T_q, T_k)

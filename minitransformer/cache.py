@@ -134,3 +134,19 @@ class KVCache:
     def __repr__(self) -> str:
         return (f"KVCache(num_layers={self.num_layers}, max_len={self.max_len}, "
                 f"seq_len={self.seq_len})")
+
+
+def check_kv_cache(kv_cache: object, layer_idx: object = 0) -> int:
+    """The check of a public ``forward`` that accepts ``kv_cache=`` and ``layer_idx=``: a
+    :class:`KVCache` that has slot ``layer_idx``. Returns how many positions that slot holds.
+
+    Raises:
+        TypeError: ``kv_cache`` is not a :class:`KVCache`, or ``layer_idx`` not an int.
+        ValueError: ``layer_idx`` is not one of the cache's slots.
+    """
+    _checks.check_type("kv_cache", kv_cache, KVCache, "a KVCache")
+    _checks.check_int("layer_idx", layer_idx, low=0)
+    if layer_idx >= kv_cache.num_layers:
+        raise ValueError(f"layer_idx={layer_idx} is not a slot of a cache with "
+                         f"{kv_cache.num_layers} layers")
+    return kv_cache.length(layer_idx)

@@ -17,15 +17,17 @@ module             unchecked method
 =================  ===========================================================================
 LayerNorm          ``normalize(x)``
 FeedForward        ``transform(x)``
-EncoderLayer       ``encode(x, *, attn_mask=None)``
-DecoderLayer       ``decode(x, memory, *, tgt_mask=None, memory_mask=None)``
+EncoderLayer       ``encode(x, *, attn_mask=None, kv_cache=None, layer_idx=0)``
+DecoderLayer       ``decode(x, memory, *, tgt_mask=None, memory_mask=None, kv_cache=None,
+                   layer_idx=0)``
 =================  ===========================================================================
 
 The unchecked methods call each other and
 :meth:`~minitransformer.attention.MultiHeadAttention.attend`, never a checked ``forward``. A
 model that has checked its own input (a GPT, an encoder-decoder) calls
-``layer.encode``/``layer.decode`` on the same footing. Chapter 11's KV cache will be one more
-keyword of ``encode``/``decode``, passed on to the self-attention.
+``layer.encode``/``layer.decode`` on the same footing. Chapter 11's KV cache is one more
+keyword of ``encode``/``decode`` (with the layer's slot, ``layer_idx``), passed on to the
+self-attention; a decoder's cross-attention never appends to it.
 
 Masks are boolean with True = may attend (or additive floating masks of 0 and -inf), broadcast
 to the scores ``(B, num_heads, T_q, T_k)``. PyTorch's transformer layers use the opposite
@@ -42,6 +44,7 @@ from torch import Tensor, nn
 
 from minitransformer import _checks
 from minitransformer.attention import MultiHeadAttention
+from minitransformer.cache import KVCache, check_kv_cache
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -257,35 +260,43 @@ class EncoderLayer(nn.Module):
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, *, attn_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, *, attn_mask: Tensor | None = None,
+                kv_cache: KVCache | None = None, layer_idx: int = 0) -> Tensor:
         """Run the block on ``x`` ``(B, T, d_model)``; returns ``(B, T, d_model)``.
 
         Args:
             x: the token vectors.
             attn_mask: broadcastable to ``(B, num_heads, T, T)``; boolean (True = may attend)
                 or additive floating, e.g. :func:`~minitransformer.masks.causal_mask` or
-                :func:`~minitransformer.masks.padding_mask`.
+                :func:`~minitransformer.masks.padding_mask`. With a cache holding ``P``
+                positions, ``(B, num_heads, T, P + T)``.
+            kv_cache, layer_idx: a :class:`~minitransformer.cache.KVCache` for the
+                self-attention and this layer's slot in it (chapter 11).
 
         Raises:
-            TypeError: ``x`` or the mask has the wrong type or dtype.
+            TypeError: ``x``, the mask or the cache has the wrong type or dtype.
             ValueError: ``x`` is not ``(B, T, d_model)``, or the mask does not broadcast.
         """
+        past = 0 if kv_cache is None else check_kv_cache(kv_cache, layer_idx)
         _check_sequence("x", x, self.d_model, self.norm1.weight)
-        _check_layer_mask("attn_mask", attn_mask, x, self.num_heads, x.shape[1])
-        return self.encode(x, attn_mask=attn_mask)
+        _check_layer_mask("attn_mask", attn_mask, x, self.num_heads, past + x.shape[1])
+        return self.encode(x, attn_mask=attn_mask, kv_cache=kv_cache, layer_idx=layer_idx)
 
-    def encode(self, x: Tensor, *, attn_mask: Tensor | None = None) -> Tensor:
+    def encode(self, x: Tensor, *, attn_mask: Tensor | None = None,
+               kv_cache: KVCache | None = None, layer_idx: int = 0) -> Tensor:
         """:meth:`forward` without the input checks (for callers that checked)."""
         if self.norm_first:
-            x = x + self._self_attention(self.norm1.normalize(x), attn_mask)
+            x = x + self._self_attention(self.norm1.normalize(x), attn_mask, kv_cache, layer_idx)
             x = x + self._feed_forward(self.norm2.normalize(x))
         else:
-            x = self.norm1.normalize(x + self._self_attention(x, attn_mask))
+            x = self.norm1.normalize(x + self._self_attention(x, attn_mask, kv_cache, layer_idx))
             x = self.norm2.normalize(x + self._feed_forward(x))
         return x
 
-    def _self_attention(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
-        return self.dropout1(self.self_attn.attend(x, x, x, attn_mask=attn_mask))
+    def _self_attention(self, x: Tensor, attn_mask: Tensor | None,
+                        kv_cache: KVCache | None = None, layer_idx: int = 0) -> Tensor:
+        return self.dropout1(self.self_attn.attend(x, x, x, attn_mask=attn_mask,
+                                                   kv_cache=kv_cache, layer_idx=layer_idx))
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         return self.dropout2(self.feed_forward.transform(x))
@@ -357,7 +368,8 @@ class DecoderLayer(nn.Module):
         self.dropout3 = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, memory: Tensor, *, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None) -> Tensor:
+                memory_mask: Tensor | None = None, kv_cache: KVCache | None = None,
+                layer_idx: int = 0) -> Tensor:
         """Run the block on ``x`` ``(B, T, d_model)`` reading ``memory`` ``(B, T_k, d_model)``;
         returns ``(B, T, d_model)``.
 
@@ -369,36 +381,45 @@ class DecoderLayer(nn.Module):
             memory_mask: for the cross-attention, broadcastable to ``(B, num_heads, T, T_k)``
                 (usually the source's :func:`~minitransformer.masks.padding_mask`); True = may
                 attend.
+            kv_cache, layer_idx: a :class:`~minitransformer.cache.KVCache` for the
+                self-attention and this layer's slot in it (chapter 11); ``tgt_mask`` then
+                covers the cached positions too, ``(B, num_heads, T, P + T)``. The
+                cross-attention reads ``memory`` whole and caches nothing.
 
         Raises:
             TypeError: an input or mask has the wrong type or dtype.
             ValueError: ``x`` or ``memory`` is not ``(B, ., d_model)``, their batch sizes
                 differ, or a mask does not broadcast.
         """
+        past = 0 if kv_cache is None else check_kv_cache(kv_cache, layer_idx)
         _check_sequence("x", x, self.d_model, self.norm1.weight)
         _check_sequence("memory", memory, self.d_model, self.norm1.weight)
         if memory.shape[0] != x.shape[0]:
             raise ValueError(f"x and memory must have the same batch size, got x "
                              f"{_checks.shape(x)} and memory {_checks.shape(memory)}")
-        _check_layer_mask("tgt_mask", tgt_mask, x, self.num_heads, x.shape[1])
+        _check_layer_mask("tgt_mask", tgt_mask, x, self.num_heads, past + x.shape[1])
         _check_layer_mask("memory_mask", memory_mask, x, self.num_heads, memory.shape[1])
-        return self.decode(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask)
+        return self.decode(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                           kv_cache=kv_cache, layer_idx=layer_idx)
 
     def decode(self, x: Tensor, memory: Tensor, *, tgt_mask: Tensor | None = None,
-               memory_mask: Tensor | None = None) -> Tensor:
+               memory_mask: Tensor | None = None, kv_cache: KVCache | None = None,
+               layer_idx: int = 0) -> Tensor:
         """:meth:`forward` without the input checks, for callers that checked already."""
         if self.norm_first:
-            x = x + self._self_attention(self.norm1.normalize(x), tgt_mask)
+            x = x + self._self_attention(self.norm1.normalize(x), tgt_mask, kv_cache, layer_idx)
             x = x + self._cross_attention(self.norm2.normalize(x), memory, memory_mask)
             x = x + self._feed_forward(self.norm3.normalize(x))
         else:
-            x = self.norm1.normalize(x + self._self_attention(x, tgt_mask))
+            x = self.norm1.normalize(x + self._self_attention(x, tgt_mask, kv_cache, layer_idx))
             x = self.norm2.normalize(x + self._cross_attention(x, memory, memory_mask))
             x = self.norm3.normalize(x + self._feed_forward(x))
         return x
 
-    def _self_attention(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        return self.dropout1(self.self_attn.attend(x, x, x, attn_mask=mask))
+    def _self_attention(self, x: Tensor, mask: Tensor | None, kv_cache: KVCache | None = None,
+                        layer_idx: int = 0) -> Tensor:
+        return self.dropout1(self.self_attn.attend(x, x, x, attn_mask=mask, kv_cache=kv_cache,
+                                                   layer_idx=layer_idx))
 
     def _cross_attention(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
         return self.dropout2(self.multihead_attn.attend(x, memory, memory, attn_mask=mask))

@@ -1,0 +1,243 @@
+"""The checkers of chapter 12: they accept correct answers and explain plausible wrong ones."""
+
+from collections import Counter
+
+import pytest
+
+from minitransformer import BPETokenizer
+from minitransformer.exercises.chapter12 import (
+    check_count_pairs,
+    check_encode,
+    check_merge_pair,
+    check_train_merges,
+)
+
+# --- correct solutions, written the way the book's solutions are ---------------------------
+
+
+def my_count_pairs(ids):
+    counts = {}
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def my_merge_pair(ids, pair, new_id):
+    merged, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            merged.append(new_id)
+            i += 2
+        else:
+            merged.append(ids[i])
+            i += 1
+    return merged
+
+
+def my_encode(text, merges):
+    ids = list(text.encode("utf-8"))
+    for pair, new_id in merges:
+        ids = my_merge_pair(ids, pair, new_id)
+    return ids
+
+
+def my_train_merges(text, num_merges):
+    ids = list(text.encode("utf-8"))
+    merges = []
+    for new_id in range(256, 256 + num_merges):
+        counts = my_count_pairs(ids)
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p))
+        if counts[pair] < 2:
+            break
+        ids = my_merge_pair(ids, pair, new_id)
+        merges.append((pair, new_id))
+    return merges
+
+
+CHECKERS = {
+    "count_pairs": (check_count_pairs, my_count_pairs),
+    "merge_pair": (check_merge_pair, my_merge_pair),
+    "encode": (check_encode, my_encode),
+    "train_merges": (check_train_merges, my_train_merges),
+}
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_accepts_a_correct_solution(name, capsys):
+    checker, solution = CHECKERS[name]
+    assert checker(solution)
+    assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
+
+
+def test_accepts_other_correct_forms(capsys):
+    assert check_count_pairs(lambda ids: Counter(zip(ids, ids[1:])))
+    assert check_encode(lambda text, merges: BPETokenizer(merges).encode(text))
+    assert check_merge_pair(lambda ids, pair, new_id: tuple(my_merge_pair(ids, pair, new_id)))
+    assert capsys.readouterr().out.count("✓") == 3
+
+
+def test_the_seed_example_is_a_case():
+    """The chapter's example, aaabdaaabac -> XdXac, is what the checkers test first."""
+    text, merges = check_encode.cases[0]
+    assert text == "aaabdaaabac"
+    assert my_encode(text, merges) == [258, ord("d"), 258, ord("a"), ord("c")]
+    assert check_train_merges.reference("aaabdaaabac", 10) == merges
+
+
+def _non_overlapping(ids):
+    counts = {}
+    i = 0
+    while i + 1 < len(ids):
+        pair = (ids[i], ids[i + 1])
+        counts[pair] = counts.get(pair, 0) + 1
+        i += 2 if i + 2 < len(ids) and (ids[i + 1], ids[i + 2]) == pair else 1
+    return counts
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_non_overlapping, "pairs overlap"),
+    (lambda ids: dict(Counter(zip(ids[::2], ids[1::2]))), "not only at the even ones"),
+    (lambda ids: {p: 1 for p in zip(ids, ids[1:])}, "not only whether it occurs"),
+    (lambda ids: Counter(zip(ids, ids[1:-1])), "the last pair"),
+])
+def test_count_pairs_hints(wrong, hint, capsys):
+    assert not check_count_pairs(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case ") and hint in out.split("Hint: ", 1)[1]
+
+
+def _merge_right_to_left(ids, pair, new_id):
+    merged, i = [], len(ids) - 1
+    while i >= 0:
+        if i >= 1 and (ids[i - 1], ids[i]) == pair:
+            merged.insert(0, new_id)
+            i -= 2
+        else:
+            merged.insert(0, ids[i])
+            i -= 1
+    return merged
+
+
+def _merge_without_skip(ids, pair, new_id):
+    out = []
+    for i in range(len(ids)):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+        elif i == 0 or (ids[i - 1], ids[i]) != pair:
+            out.append(ids[i])
+    return out
+
+
+def _merge_drop_last(ids, pair, new_id):
+    merged, i = [], 0
+    while i < len(ids) - 1:
+        if (ids[i], ids[i + 1]) == pair:
+            merged.append(new_id)
+            i += 2
+        else:
+            merged.append(ids[i])
+            i += 1
+    return merged
+
+
+def _merge_first_only(ids, pair, new_id):
+    ids = list(ids)
+    for i in range(len(ids) - 1):
+        if (ids[i], ids[i + 1]) == pair:
+            ids[i:i + 2] = [new_id]
+            break
+    return ids
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_merge_right_to_left, "scan from the left"),
+    (_merge_without_skip, "jump past both of its tokens"),
+    (_merge_drop_last, "a final token that is not part of a pair was lost"),
+    (_merge_first_only, "replace every occurrence"),
+])
+def test_merge_pair_hints(wrong, hint, capsys):
+    assert not check_merge_pair(wrong)
+    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+def _encode_reversed(text, merges):
+    return my_encode(text, list(reversed(merges)))
+
+
+def _encode_ord(text, merges):
+    ids = [ord(c) for c in text]
+    for pair, new_id in merges:
+        ids = my_merge_pair(ids, pair, new_id)
+    return ids
+
+
+def _encode_first_only(text, merges):
+    ids = list(text.encode("utf-8"))
+    for pair, new_id in merges:
+        ids = _merge_first_only(ids, pair, new_id)
+    return ids
+
+
+def _encode_position(text, merges):
+    ids = list(text.encode("utf-8"))
+    for k, (pair, _) in enumerate(merges):
+        ids = my_merge_pair(ids, pair, k)
+    return ids
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_encode_reversed, "in the order they were learned"),
+    (_encode_ord, "not from ord(c)"),
+    (_encode_first_only, "not only the first one"),
+    (_encode_position, "not the entry's position"),
+])
+def test_encode_hints(wrong, hint, capsys):
+    assert not check_encode(wrong)
+    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+def _train(choose=None, stop=True, first_id=256, recount=True):
+    def train(text, num_merges):
+        ids = list(text.encode("utf-8"))
+        counts = my_count_pairs(ids)
+        merges = []
+        for new_id in range(first_id, first_id + num_merges):
+            if recount:
+                counts = my_count_pairs(ids)
+            if not counts:
+                break
+            pair = choose(counts)
+            if stop and counts[pair] < 2:
+                break
+            ids = my_merge_pair(ids, pair, new_id)
+            merges.append((pair, new_id))
+            if not recount:
+                del counts[pair]
+        return merges
+    return train
+
+
+def _smallest(counts):
+    return min(counts, key=lambda p: (-counts[p], p))
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_train(choose=lambda c: max(c, key=c.get)), "ties go to the smallest pair"),
+    (_train(choose=lambda c: max(c, key=lambda p: (c[p], p))), "ties go to the smallest pair"),
+    (_train(choose=_smallest, stop=False), "stop when the most frequent pair occurs only once"),
+    (_train(choose=_smallest, recount=False), "recount the pairs after every merge"),
+    (_train(choose=_smallest, first_id=101), "new ids continue after the 256 byte values"),
+])
+def test_train_merges_hints(wrong, hint, capsys):
+    assert not check_train_merges(wrong)
+    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+def test_a_stub_is_not_implemented_yet(capsys):
+    def my_count_pairs(ids):
+        raise NotImplementedError
+
+    assert not check_count_pairs(my_count_pairs)
+    assert capsys.readouterr().out == "✗ not implemented yet\n"

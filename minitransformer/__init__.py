@@ -26,6 +26,7 @@ from minitransformer.plot import (
     probability_bars,
 )
 from minitransformer.positional import sinusoidal_positional_encoding
+from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig, beam_search, exact_match
 from minitransformer.train import evaluate, train
 from minitransformer.vocab import Vocabulary, one_hot, tokenize
 
@@ -40,14 +41,18 @@ __all__ = [
     "GPT2_PATTERN",
     "LayerNorm",
     "MultiHeadAttention",
+    "Seq2Seq",
+    "Seq2SeqConfig",
     "SkipModel",
     "Vocabulary",
+    "beam_search",
     "blocked_attention",
     "causal_mask",
     "chain_graph",
     "default_device",
     "embedding_scatter",
     "evaluate",
+    "exact_match",
     "generate",
     "heatmap",
     "one_hot",

@@ -202,6 +202,28 @@ def _train():
     return model
 
 
+@case("Seq2Seq", "Seq2SeqConfig", "beam_search", "exact_match")
+def _seq2seq():
+    from minitransformer.data import (
+        translation_batch,
+        translation_batches,
+        translation_vocabularies,
+    )
+
+    config = mt.Seq2SeqConfig(src_vocab_size=49, tgt_vocab_size=49, context_length=16,
+                              num_layers=1, num_heads=2, d_model=8, label_smoothing=0.1)
+    model = mt.Seq2Seq(config, device=CPU)
+    src_vocab, tgt_vocab = translation_vocabularies()
+    pairs = [("delete songs", "kanti tilo"), ("show me my files please", "bo dosi mia mi miro")]
+    src, tgt_in, targets = translation_batch(pairs, src_vocab, tgt_vocab, device=CPU)
+    batches = translation_batches(pairs, src_vocab, tgt_vocab, batch_size=2, device=CPU)
+    greedy = model.translate(src, 5)
+    return (model, model(src, tgt_in, targets), model.cross_attention_weights(src, tgt_in),
+            greedy, model.translate(src, 5, use_cache=False), next(batches),
+            mt.beam_search(model, src, beam_size=3, max_new_tokens=5),
+            mt.exact_match(greedy, targets), model.read_source(src).repeat_interleave(2))
+
+
 # --- the tests ------------------------------------------------------------------------------
 
 @pytest.fixture

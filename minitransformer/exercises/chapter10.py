@@ -1,0 +1,187 @@
+"""Checkers for the exercises of chapter 10, *Cross-attention and the encoder-decoder*.
+
+Each ``check_<thing>`` is called with the learner's function and prints one line (see
+:mod:`minitransformer.exercises`):
+
+* :data:`check_cross_attention` -- ``my_cross_attention(target, memory, w_q, w_k, w_v)``: one
+  head of cross-attention, queries from the target and keys and values from the memory.
+* :data:`check_source_padding_mask` -- ``source_padding_mask(src, pad_id)``: the ``(B, 1, 1,
+  T_src)`` mask, True at real source tokens.
+* :data:`check_decoder_input_and_targets` -- ``decoder_input_and_targets(sentences, bos_id,
+  eos_id, pad_id)``: the padded decoder input ``<bos> + words`` and targets ``words + <eos>``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from minitransformer.exercises import Checker
+
+__all__ = ["check_cross_attention", "check_decoder_input_and_targets",
+           "check_source_padding_mask"]
+
+
+# --- my_cross_attention(target, memory, w_q, w_k, w_v) -> (..., T_tgt, d_v) ------------------
+
+def _cross_attention(target: Tensor, memory: Tensor, w_q: Tensor, w_k: Tensor,
+                     w_v: Tensor) -> Tensor:
+    q, k, v = target @ w_q, memory @ w_k, memory @ w_v        # (T_tgt, d_k), (T_src, d_k), ...
+    scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])  # (T_tgt, T_src)
+    return torch.softmax(scores, dim=-1) @ v                   # (T_tgt, d_v)
+
+
+def _cross_attention_cases() -> list[tuple]:
+    generator = torch.Generator().manual_seed(10)
+
+    def rand(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    # the target and the source have different lengths, so a mix-up shows in the shape
+    return [(rand(2, 4), rand(3, 4), rand(4, 4), rand(4, 4), rand(4, 2)),
+            (rand(3, 6), rand(5, 6), rand(6, 4), rand(6, 4), rand(6, 3)),
+            (rand(2, 4, 8), rand(2, 7, 8), rand(8, 4), rand(8, 4), rand(8, 5))]
+
+
+def _queries_from_the_memory(target, memory, w_q, w_k, w_v):
+    return _cross_attention(memory, target, w_q, w_k, w_v)
+
+
+def _values_from_the_target(target, memory, w_q, w_k, w_v):
+    q, k, v = target @ w_q, memory @ w_k, target @ w_v
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1) @ v
+
+
+def _self_attention_instead(target, memory, w_q, w_k, w_v):
+    return _cross_attention(target, target, w_q, w_k, w_v)
+
+
+def _without_scaling(target, memory, w_q, w_k, w_v):
+    q, k, v = target @ w_q, memory @ w_k, memory @ w_v
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
+def _softmax_over_the_queries(target, memory, w_q, w_k, w_v):
+    q, k, v = target @ w_q, memory @ w_k, memory @ w_v
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-2) @ v
+
+
+check_cross_attention = Checker(
+    reference=_cross_attention,
+    cases=_cross_attention_cases(),
+    mistakes={
+        "the queries come from the target (the sentence being written) and the keys and values "
+        "from the memory (the sentence being read): the output has one row per target token":
+            _queries_from_the_memory,
+        "the values come from the memory too, like the keys: each target token receives a "
+        "weighted sum of source vectors": _values_from_the_target,
+        "that is self-attention on the target: take the keys and values from memory":
+            _self_attention_instead,
+        "divide the scores by sqrt(d_k), the width of the keys": _without_scaling,
+        "softmax over the keys, the last dimension (dim=-1): each target token's weights over "
+        "the source positions sum to 1": _softmax_over_the_queries,
+    },
+)
+
+
+# --- source_padding_mask(src, pad_id) -> (B, 1, 1, T_src) bool -----------------------------
+
+def _source_padding_mask(src: Tensor, pad_id: int) -> Tensor:
+    return (src != pad_id)[:, None, None, :]
+
+
+def _inverted(src, pad_id):
+    return (src == pad_id)[:, None, None, :]
+
+
+def _without_the_head_and_query_dims(src, pad_id):
+    return src != pad_id
+
+
+def _on_the_query_dimension(src, pad_id):
+    return (src != pad_id)[:, None, :, None]
+
+
+def _as_numbers(src, pad_id):
+    return (src != pad_id)[:, None, None, :].float()
+
+
+check_source_padding_mask = Checker(
+    reference=_source_padding_mask,
+    cases=[(torch.tensor([[5, 6, 7], [8, 0, 0]]), 0),
+           (torch.tensor([[4, 3, 0, 0, 0], [9, 9, 9, 9, 0], [7, 0, 0, 0, 0]]), 0),
+           (torch.tensor([[3, 1, 1], [2, 2, 3]]), 1)],
+    mistakes={
+        "the mask says where a query may attend, True = may attend: True at real tokens, False "
+        "at padding": _inverted,
+        "give the mask two more dimensions, (B, 1, 1, T_src), so that it broadcasts over the "
+        "heads and over every query: mask[:, None, None, :]": _without_the_head_and_query_dims,
+        "the source positions are the keys, the last dimension of the scores (B, h, T_tgt, "
+        "T_src): put them last, mask[:, None, None, :]": _on_the_query_dimension,
+        "keep the mask boolean (src != pad_id is already True/False): a float mask is added to "
+        "the scores, and adding 1 hides nothing": _as_numbers,
+    },
+)
+
+
+# --- decoder_input_and_targets(sentences, bos_id, eos_id, pad_id) -> (tgt_in, targets) ------
+
+def _decoder_input_and_targets(sentences: list[list[int]], bos_id: int, eos_id: int,
+                               pad_id: int) -> tuple[Tensor, Tensor]:
+    width = max(len(words) for words in sentences) + 1
+    tgt_in = [[bos_id, *words] + [pad_id] * (width - 1 - len(words)) for words in sentences]
+    targets = [[*words, eos_id] + [pad_id] * (width - 1 - len(words)) for words in sentences]
+    return torch.tensor(tgt_in), torch.tensor(targets)
+
+
+_PAIR_CASES = [([[5, 6, 7]], 1, 2, 0),
+               ([[5, 6, 7], [8]], 1, 2, 0),
+               ([[9, 4], [3, 3, 3, 3], [6, 5, 4]], 1, 2, 0),
+               ([[7, 8], [9]], 4, 5, 3)]
+
+
+def _not_shifted(sentences, bos_id, eos_id, pad_id):
+    _, targets = _decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+    return targets, targets
+
+
+def _shifted_the_wrong_way(sentences, bos_id, eos_id, pad_id):
+    tgt_in, targets = _decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+    return targets, tgt_in
+
+
+def _padded_with_eos(sentences, bos_id, eos_id, pad_id):
+    tgt_in, targets = _decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+    return tgt_in.masked_fill(tgt_in == pad_id, eos_id), targets.masked_fill(
+        targets == pad_id, eos_id)
+
+
+def _without_eos(sentences, bos_id, eos_id, pad_id):
+    tgt_in, targets = _decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+    return tgt_in, targets.masked_fill(targets == eos_id, pad_id)
+
+
+def _without_bos(sentences, bos_id, eos_id, pad_id):
+    tgt_in, targets = _decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+    return torch.cat([tgt_in[:, 1:], torch.full_like(tgt_in[:, :1], pad_id)], dim=1), targets
+
+
+check_decoder_input_and_targets = Checker(
+    reference=_decoder_input_and_targets,
+    cases=_PAIR_CASES,
+    mistakes={
+        "the decoder input starts with bos_id and the targets are the same words moved one "
+        "place to the left, ending in eos_id: position t is trained to predict the word after "
+        "what it has read": _not_shifted,
+        "the two are swapped: the decoder input starts with bos_id, the targets end with "
+        "eos_id": _shifted_the_wrong_way,
+        "fill the shorter rows with pad_id, which the loss ignores, not with eos_id":
+            _padded_with_eos,
+        "end every target row with eos_id (before the padding): that is how the model learns "
+        "where a translation stops": _without_eos,
+        "start every decoder input with bos_id: the first word is predicted from <bos> alone":
+            _without_bos,
+    },
+)

@@ -1,0 +1,165 @@
+"""The checkers of chapter 10: they accept correct answers and explain plausible wrong ones."""
+
+import math
+
+import pytest
+import torch
+
+from minitransformer import padding_mask
+from minitransformer.exercises import chapter10
+from minitransformer.exercises.chapter10 import (
+    check_cross_attention,
+    check_decoder_input_and_targets,
+    check_source_padding_mask,
+)
+
+# --- correct solutions, written the way the book's solutions are ----------------------------
+
+
+def my_cross_attention(target, memory, w_q, w_k, w_v):
+    q = target @ w_q                                   # (T_tgt, d_k): from the target
+    k, v = memory @ w_k, memory @ w_v                  # (T_src, d_k), (T_src, d_v)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+    return weights @ v                                 # (T_tgt, d_v)
+
+
+def sdpa_cross_attention(target, memory, w_q, w_k, w_v):
+    return torch.nn.functional.scaled_dot_product_attention(target @ w_q, memory @ w_k,
+                                                            memory @ w_v)
+
+
+def source_padding_mask(src, pad_id):
+    return (src != pad_id).unsqueeze(1).unsqueeze(2)
+
+
+def package_padding_mask(src, pad_id):
+    return padding_mask(src, pad_id)
+
+
+def decoder_input_and_targets(sentences, bos_id, eos_id, pad_id):
+    width = max(len(s) for s in sentences) + 1
+    tgt_in = torch.full((len(sentences), width), pad_id)
+    targets = torch.full((len(sentences), width), pad_id)
+    for row, words in enumerate(sentences):
+        tgt_in[row, : len(words) + 1] = torch.tensor([bos_id, *words])
+        targets[row, : len(words) + 1] = torch.tensor([*words, eos_id])
+    return tgt_in, targets
+
+
+CHECKERS = {
+    "cross_attention": (check_cross_attention, my_cross_attention),
+    "cross_attention_by_pytorch": (check_cross_attention, sdpa_cross_attention),
+    "source_padding_mask": (check_source_padding_mask, source_padding_mask),
+    "source_padding_mask_by_the_package": (check_source_padding_mask, package_padding_mask),
+    "decoder_input_and_targets": (check_decoder_input_and_targets, decoder_input_and_targets),
+}
+
+
+def test_module_exports_every_checker():
+    assert sorted(chapter10.__all__) == ["check_cross_attention",
+                                         "check_decoder_input_and_targets",
+                                         "check_source_padding_mask"]
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_accepts_the_book_solution(name, capsys):
+    checker, solution = CHECKERS[name]
+    assert checker(solution)
+    assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
+
+
+def test_importing_the_checkers_leaves_the_global_random_state_alone():
+    import importlib
+    _ = torch.manual_seed(0)
+    expected = torch.rand(3)
+    _ = torch.manual_seed(0)
+    importlib.reload(chapter10)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+# --- specific wrong answers a learner writes, with the hint they see ------------------------
+
+def test_queries_from_the_memory(capsys):
+    def swapped(target, memory, w_q, w_k, w_v):
+        return my_cross_attention(memory, target, w_q, w_k, w_v)
+
+    assert not check_cross_attention(swapped)
+    out = capsys.readouterr().out
+    assert "(expected shape (2, 2) but got shape (3, 2))" in out
+    assert out.endswith("Hint: the queries come from the target (the sentence being written) and "
+                        "the keys and values from the memory (the sentence being read): the "
+                        "output has one row per target token\n")
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda t, m, wq, wk, wv: torch.softmax((t @ wq) @ (m @ wk).T, -1) @ (m @ wv),
+     "divide the scores by sqrt(d_k)"),
+    (lambda t, m, wq, wk, wv: torch.softmax((t @ wq) @ (m @ wk).transpose(-2, -1)
+                                            / math.sqrt(wk.shape[1]), -2) @ (m @ wv),
+     "softmax over the keys, the last dimension"),
+    (lambda t, m, wq, wk, wv: my_cross_attention(t, t, wq, wk, wv),
+     "that is self-attention on the target"),
+], ids=["no scaling", "softmax over queries", "self-attention"])
+def test_cross_attention_mistakes(wrong, hint, capsys):
+    assert not check_cross_attention(wrong)
+    assert f"Hint: {hint}" in capsys.readouterr().out
+
+
+def test_values_from_the_target_raise_and_get_a_hint(capsys):
+    def values_from_target(target, memory, w_q, w_k, w_v):
+        q, k, v = target @ w_q, memory @ w_k, target @ w_v
+        return torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1) @ v
+
+    assert not check_cross_attention(values_from_target)
+    out = capsys.readouterr().out
+    assert "your function raised RuntimeError" in out
+    assert "Hint: the values come from the memory too" in out
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda src, pad: (src == pad)[:, None, None, :], "the mask says where a query may attend"),
+    (lambda src, pad: src != pad, "give the mask two more dimensions"),
+    (lambda src, pad: (src != pad)[:, None, :, None], "the source positions are the keys"),
+    (lambda src, pad: (src != pad)[:, None, None, :].float(), "keep the mask boolean"),
+], ids=["inverted", "(B, T)", "query dimension", "float"])
+def test_padding_mask_mistakes(wrong, hint, capsys):
+    assert not check_source_padding_mask(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input ([[5, 6, 7], [8, 0, 0]], 0) expected ")
+    assert f"Hint: {hint}" in out
+
+
+def test_a_mask_built_with_the_pad_id_zero_hard_coded_fails_case_three(capsys):
+    assert not check_source_padding_mask(lambda src, pad: (src != 0)[:, None, None, :])
+    assert capsys.readouterr().out.startswith("✗ case 3: for input ([[3, 1, 1], [2, 2, 3]], 1)")
+
+
+@pytest.mark.parametrize("which, hint", [
+    ("no shift", "the decoder input starts with bos_id and the targets are the same words"),
+    ("swapped", "the two are swapped"),
+    ("eos padding", "fill the shorter rows with pad_id"),
+    ("no eos", "end every target row with eos_id"),
+    ("no bos", "start every decoder input with bos_id"),
+])
+def test_decoder_pair_mistakes(which, hint, capsys):
+    def wrong(sentences, bos_id, eos_id, pad_id):
+        tgt_in, targets = decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+        if which == "no shift":
+            return targets, targets
+        if which == "swapped":
+            return targets, tgt_in
+        if which == "eos padding":
+            return tgt_in.masked_fill(tgt_in == pad_id, eos_id), \
+                targets.masked_fill(targets == pad_id, eos_id)
+        if which == "no eos":
+            return tgt_in, targets.masked_fill(targets == eos_id, pad_id)
+        return torch.cat([tgt_in[:, 1:], torch.full_like(tgt_in[:, :1], pad_id)], 1), targets
+
+    assert not check_decoder_input_and_targets(wrong)
+    assert f"Hint: {hint}" in capsys.readouterr().out
+
+
+def test_hard_coded_special_ids_fail_the_last_case(capsys):
+    assert not check_decoder_input_and_targets(
+        lambda sentences, bos, eos, pad: decoder_input_and_targets(sentences, 1, 2, 0))
+    assert capsys.readouterr().out.startswith("✗ case 4: for input ([[7, 8], [9]], 4, 5, 3)")

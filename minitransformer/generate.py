@@ -128,3 +128,58 @@ def generate(
         idx = torch.cat([idx, next_id[:, None]], dim=1)          # (B, T + 1)
     model.train(was_training)
     return idx
+
+
+@torch.no_grad()
+def beam_search(model: nn.Module, src: Tensor, *, beam_size: int, max_new_tokens: int) -> Tensor:
+    """Translate with a :class:`~minitransformer.seq2seq.Seq2Seq` by keeping the ``beam_size`` most
+    likely partial translations of each sentence (chapter 10).
+
+    At each step every kept translation is extended by every token, and the ``beam_size``
+    extensions with the highest total log-probability survive; a translation that has written
+    ``eos_id`` keeps its score and is extended only by padding. ``beam_size=1`` is greedy
+    decoding, :meth:`~minitransformer.seq2seq.Seq2Seq.translate`.
+
+    Returns:
+        ``(B, <= max_new_tokens + 1)`` ids laid out as ``translate``'s: the best translation of
+        each sentence.
+
+    Raises:
+        TypeError, ValueError: as ``translate``; ``beam_size`` not a positive int; a model that
+            is not a ``Seq2Seq``.
+    """
+    from minitransformer.seq2seq import Seq2Seq  # here: generating with a GPT does not need it
+
+    if not isinstance(model, Seq2Seq):
+        raise TypeError(f"beam_search expects a Seq2Seq model, got {type(model).__name__}")
+    _checks.check_int("beam_size", beam_size)
+    _checks.check_int("max_new_tokens", max_new_tokens)
+    c, k = model.config, beam_size
+    if max_new_tokens + 1 > c.context_length:
+        raise ValueError(f"max_new_tokens={max_new_tokens} plus <bos> needs {max_new_tokens + 1} "
+                         f"positions, more than context_length={c.context_length}")
+    was_training = model.training
+    model.eval()
+    source = model.read_source(src).repeat_interleave(k)            # B * k copies
+    batch = src.shape[0]
+    seqs = torch.full((batch * k, 1), c.bos_id, dtype=torch.long, device=src.device)
+    scores = torch.full((batch, k), float("-inf"), dtype=source.memory.dtype, device=src.device)
+    scores[:, 0] = 0.0                                               # one live beam to start
+    done = torch.zeros(batch * k, dtype=torch.bool, device=src.device)
+    for _ in range(max_new_tokens):
+        logp = torch.log_softmax(model.next_token_logits(seqs, source), dim=-1)  # (B k, N)
+        logp[done] = float("-inf")
+        logp[done, c.pad_id] = 0.0                                   # finished: pad for free
+        candidates = (scores.reshape(-1, 1) + logp).reshape(batch, -1)             # (B, k N)
+        scores, best = candidates.topk(k, dim=-1)                    # (B, k), sorted
+        beam, token = best // logp.shape[-1], best % logp.shape[-1]
+        rows = (torch.arange(batch, device=src.device)[:, None] * k + beam).flatten()
+        seqs = torch.cat([seqs[rows], token.reshape(-1, 1)], dim=1)
+        done = done[rows] | (token.flatten() == c.eos_id)
+        if done.all():
+            break
+    model.train(was_training)
+    seqs = seqs.reshape(batch, k, -1)[:, 0]                          # the best beam
+    is_eos = seqs == c.eos_id
+    ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, seqs.shape[1])
+    return seqs[:, : int(ends.max())]                                # as long as greedy's

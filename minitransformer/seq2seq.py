@@ -9,7 +9,10 @@ Both stacks are chapter 8's pre-norm blocks; weights start as in chapter 9 (GPT-
   (teacher forcing), ``translate`` (greedy);
 * :class:`SourceMemory` -- an encoded source batch as the decoder reads it while generating, with
   the cross-attention keys and values projected once;
-* :func:`beam_search` -- keep the ``beam_size`` best partial translations instead of one.
+* :func:`exact_match` -- the share of translations that are exactly right.
+
+Beam search, the alternative to greedy decoding, is
+:func:`minitransformer.generate.beam_search`.
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ class SourceMemory:
     keys_values: list[tuple[Tensor, Tensor]] | None = None
 
     def repeat_interleave(self, repeats: int) -> SourceMemory:
-        """Each sentence ``repeats`` times in a row (one copy per beam of :func:`beam_search`)."""
+        """Each sentence ``repeats`` times in a row (one copy per beam of
+        :func:`~minitransformer.generate.beam_search`)."""
         kv = None if self.keys_values is None else [
             (k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0))
             for k, v in self.keys_values]
@@ -381,54 +385,6 @@ def cross_attention(attn: MultiHeadAttention, x: Tensor, key: Tensor, value: Ten
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         weights.append(torch.softmax(scores, dim=-1))
     return attn.out_proj(attn.merge_heads(heads))                    # (B, T_q, d_model)
-
-
-@torch.no_grad()
-def beam_search(model: Seq2Seq, src: Tensor, *, beam_size: int, max_new_tokens: int) -> Tensor:
-    """Translate by keeping the ``beam_size`` most likely partial translations of each sentence.
-
-    At each step every kept translation is extended by every token, and the ``beam_size``
-    extensions with the highest total log-probability survive; a translation that has written
-    ``eos_id`` keeps its score and is extended only by padding. ``beam_size=1`` is greedy
-    decoding, :meth:`Seq2Seq.translate`.
-
-    Returns:
-        ``(B, <= max_new_tokens + 1)`` ids laid out as :meth:`Seq2Seq.translate`'s: the best
-        translation of each sentence.
-
-    Raises:
-        TypeError, ValueError: as :meth:`Seq2Seq.translate`; ``beam_size`` not a positive int.
-    """
-    if not isinstance(model, Seq2Seq):
-        raise TypeError(f"beam_search expects a Seq2Seq model, got {type(model).__name__}")
-    _checks.check_int("beam_size", beam_size)
-    model._check_max_new_tokens(max_new_tokens)
-    c, k = model.config, beam_size
-    was_training = model.training
-    model.eval()
-    source = model.read_source(src).repeat_interleave(k)            # B * k copies
-    batch = src.shape[0]
-    seqs = torch.full((batch * k, 1), c.bos_id, dtype=torch.long, device=src.device)
-    scores = torch.full((batch, k), float("-inf"), dtype=source.memory.dtype, device=src.device)
-    scores[:, 0] = 0.0                                               # one live beam to start
-    done = torch.zeros(batch * k, dtype=torch.bool, device=src.device)
-    for _ in range(max_new_tokens):
-        logp = F.log_softmax(model.next_token_logits(seqs, source), dim=-1)  # (B k, N)
-        logp[done] = float("-inf")
-        logp[done, c.pad_id] = 0.0                                   # finished: pad for free
-        candidates = (scores.reshape(-1, 1) + logp).reshape(batch, -1)             # (B, k N)
-        scores, best = candidates.topk(k, dim=-1)                    # (B, k), sorted
-        beam, token = best // logp.shape[-1], best % logp.shape[-1]
-        rows = (torch.arange(batch, device=src.device)[:, None] * k + beam).flatten()
-        seqs = torch.cat([seqs[rows], token.reshape(-1, 1)], dim=1)
-        done = done[rows] | (token.flatten() == c.eos_id)
-        if done.all():
-            break
-    model.train(was_training)
-    seqs = seqs.reshape(batch, k, -1)[:, 0]                          # the best beam
-    is_eos = seqs == c.eos_id
-    ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, seqs.shape[1])
-    return seqs[:, : int(ends.max())]                                # as long as greedy's
 
 
 def _init_weights(module: nn.Module) -> None:

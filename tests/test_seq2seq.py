@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from minitransformer import data
+from minitransformer.generate import beam_search
 from minitransformer.seq2seq import (
     Seq2Seq,
     Seq2SeqConfig,
     SourceMemory,
-    beam_search,
     exact_match,
     strip_special,
 )
@@ -421,6 +421,8 @@ def test_beam_search_arguments():
         beam_search(model, src, beam_size=0, max_new_tokens=3)
     with pytest.raises(TypeError, match="Seq2Seq"):
         beam_search(torch.nn.Linear(2, 2), src, beam_size=2, max_new_tokens=3)
+    with pytest.raises(ValueError, match="context_length=12"):
+        beam_search(model, src, beam_size=2, max_new_tokens=12)
 
 
 # --- exact match ---------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ def test_a_naive_softmax_cross_entropy_passes_too(capsys):
 @pytest.mark.parametrize("wrong, hint", [
     (lambda w: (w[:, 1:], w[:, :-1]), "inputs and targets are swapped"),
     (lambda w: (w[:-1], w[1:]), "cut along the columns"),
+    (lambda w: (w[:, :-1], w[:, :-1]), "moved one token to the left"),
 ])
 def test_shift_pairs_hints(wrong, hint, capsys):
     assert not check_shift_pairs(wrong)
@@ -79,6 +80,10 @@ def test_shift_pairs_with_the_wrong_length_is_explained(capsys):
     (lambda lg, t: my_cross_entropy(lg, t) * t.numel(), "you summed"),
     (lambda lg, t: -torch.log_softmax(lg, 1).gather(-1, t[..., None]).mean(),
      "not over the positions"),
+    (lambda lg, t: -torch.log_softmax(lg, -1).mean(), "not the mean over the whole vocabulary"),
+    (lambda lg, t: -lg.gather(-1, t[..., None]).mean(), "logits are not log-probabilities"),
+    (lambda lg, t: torch.nn.functional.nll_loss(lg.flatten(0, 1), t.flatten()),
+     "logits are not log-probabilities"),
 ])
 def test_cross_entropy_hints(wrong, hint, capsys):
     assert not check_cross_entropy(wrong)
@@ -89,7 +94,19 @@ def test_cross_entropy_hints(wrong, hint, capsys):
     (lambda c: my_parameter_count(c) + c.vocab_size * c.d_model, "weight tying"),
     (lambda c: my_parameter_count(c) - c.num_layers * (4 * c.d_model + c.d_ff + c.d_model),
      "has a bias"),
-    (lambda c: my_parameter_count(c) - (4 * c.num_layers + 2) * c.d_model, "two layer norms"),
+    (lambda c: my_parameter_count(c) - (4 * c.num_layers + 2) * c.d_model,
+     "one more follows the last block"),
+    (lambda c: my_parameter_count(c) - 4 * c.num_layers * c.d_model, "norm1 before attention"),
+    (lambda c: my_parameter_count(c) - 2 * c.d_model, "before the head"),
+    (lambda c: my_parameter_count(c) - (2 * c.num_layers + 1) * c.d_model,
+     "a bias as well as a weight"),
+    (lambda c: my_parameter_count(c) - c.num_layers * (c.d_model ** 2 + c.d_model),
+     "four projections"),
+    (lambda c: my_parameter_count(GPTConfig(**{**vars(c), "num_layers": 1})),
+     "multiply one block's count by num_layers"),
+    (lambda c: my_parameter_count(c) + (c.context_length * c.d_model
+                                        if c.positional == "sinusoidal" else 0),
+     "add no parameters"),
 ])
 def test_parameter_count_hints(wrong, hint, capsys):
     assert not check_parameter_count(wrong)
@@ -112,4 +129,6 @@ def test_assuming_d_ff_is_four_d_model_fails_on_the_case_that_sets_it(capsys):
         return my_parameter_count(GPTConfig(**{**vars(config), "d_ff": 4 * config.d_model}))
 
     assert not check_parameter_count(four_d)
-    assert capsys.readouterr().out.startswith("✗ case 2:")
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2:")
+    assert "use config.d_ff" in out

@@ -39,6 +39,9 @@ check_shift_pairs = Checker(
             lambda w: (w[:, 1:], w[:, :-1]),
         "the windows are (B, T + 1): cut along the columns (dim 1), not the rows":
             lambda w: (w[:-1], w[1:]),
+        "the targets are the window moved one token to the left (windows[:, 1:]), not the "
+        "same tokens as the inputs":
+            lambda w: (w[:, :-1], w[:, :-1]),
     },
 )
 
@@ -76,6 +79,12 @@ check_cross_entropy = Checker(
             lambda logits, t: -_log_probs_of_targets(logits, t).sum(),
         "softmax runs over the vocabulary (the last dimension), not over the positions":
             lambda logits, t: -_log_probs_of_targets(logits, t, dim=1).mean(),
+        "take only the log-probability of each position's target (gather it at the targets' "
+        "ids), not the mean over the whole vocabulary":
+            lambda logits, t: -torch.log_softmax(logits, -1).mean(),
+        "logits are not log-probabilities: subtract torch.logsumexp over the last dimension "
+        "(keepdim=True) first":
+            lambda logits, t: -logits.gather(-1, t[..., None]).mean(),
     },
     atol=1e-5,
 )
@@ -84,13 +93,20 @@ check_cross_entropy = Checker(
 # --- my_parameter_count(config) -> int ------------------------------------------------------
 
 def _parameter_count(config: GPTConfig, *, tied: bool = True, biases: bool = True,
-                     norms: bool = True, positions: bool = True) -> int:
-    d, f, n = config.d_model, config.d_ff, config.vocab_size
-    attention = 4 * d * d + (4 * d if biases else 0)
+                     block_norms: bool = True, final_norm: bool = True,
+                     norm_biases: bool = True, out_proj: bool = True,
+                     positions: bool = True, sinusoidal_counted: bool = False,
+                     d_ff: int | None = None, blocks: int | None = None) -> int:
+    d, n = config.d_model, config.vocab_size
+    f = config.d_ff if d_ff is None else d_ff
+    norm = 2 * d if norm_biases else d
+    projections = 4 if out_proj else 3
+    attention = projections * (d * d + (d if biases else 0))
     feed_forward = 2 * d * f + (f + d if biases else 0)
-    block = attention + feed_forward + (2 * 2 * d if norms else 0)
-    count = n * d + config.num_layers * block + (2 * d if norms else 0)
-    if config.positional == "learned" and positions:
+    block = attention + feed_forward + (2 * norm if block_norms else 0)
+    num_blocks = config.num_layers if blocks is None else blocks
+    count = n * d + num_blocks * block + (norm if final_norm else 0)
+    if positions and (config.positional == "learned" or sinusoidal_counted):
         count += config.context_length * d
     return count if tied else count + n * d
 
@@ -112,12 +128,29 @@ check_parameter_count = Checker(
         "the head shares its weight matrix with the token embedding (weight tying): count it "
         "once":
             lambda c: _parameter_count(c, tied=False),
-        "every linear layer of the blocks has a bias, and so do the layer norms":
+        "every linear layer of the blocks has a bias: d_model for each of the four attention "
+        "projections, d_ff for linear1 and d_model for linear2":
             lambda c: _parameter_count(c, biases=False),
         "each block has two layer norms, and one more follows the last block; each has a weight "
         "and a bias of d_model numbers":
-            lambda c: _parameter_count(c, norms=False),
+            lambda c: _parameter_count(c, block_norms=False, final_norm=False),
+        "each block has two layer norms (norm1 before attention, norm2 before the feed-forward "
+        "block)":
+            lambda c: _parameter_count(c, block_norms=False),
+        "one more layer norm follows the last block, before the head: 2 * d_model numbers":
+            lambda c: _parameter_count(c, final_norm=False),
+        "a layer norm has a bias as well as a weight: 2 * d_model numbers each":
+            lambda c: _parameter_count(c, norm_biases=False),
+        "attention has four projections (q_proj, k_proj, v_proj and out_proj), each a "
+        "(d_model, d_model) weight and a bias":
+            lambda c: _parameter_count(c, out_proj=False),
+        "the model stacks num_layers blocks: multiply one block's count by num_layers":
+            lambda c: _parameter_count(c, blocks=1),
+        "use config.d_ff: it is 4 * d_model only when the config leaves it out":
+            lambda c: _parameter_count(c, d_ff=4 * c.d_model),
         "learned positions are a (context_length, d_model) table of parameters":
             lambda c: _parameter_count(c, positions=False),
+        "sinusoidal positions are computed by a formula, not learned: they add no parameters":
+            lambda c: _parameter_count(c, sinusoidal_counted=True),
     },
 )

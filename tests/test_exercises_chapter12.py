@@ -80,6 +80,7 @@ def test_accepts_other_correct_forms(capsys):
 
 def test_the_seed_example_is_a_case():
     """The chapter's example, aaabdaaabac -> XdXac, is what the checkers test first."""
+    assert check_train_merges.cases[0] == ("aaabdaaabac", 10)
     text, merges = check_encode.cases[0]
     assert text == "aaabdaaabac"
     assert my_encode(text, merges) == [258, ord("d"), 258, ord("a"), ord("c")]
@@ -96,11 +97,19 @@ def _non_overlapping(ids):
     return counts
 
 
+def _count_past_the_end(ids):
+    counts = {}
+    for i in range(len(ids)):
+        counts[(ids[i], ids[i + 1])] = counts.get((ids[i], ids[i + 1]), 0) + 1
+    return counts
+
+
 @pytest.mark.parametrize("wrong, hint", [
     (_non_overlapping, "pairs overlap"),
     (lambda ids: dict(Counter(zip(ids[::2], ids[1::2]))), "not only at the even ones"),
     (lambda ids: {p: 1 for p in zip(ids, ids[1:])}, "not only whether it occurs"),
     (lambda ids: Counter(zip(ids, ids[1:-1])), "the last pair"),
+    (_count_past_the_end, "the last id has no neighbour"),
 ])
 def test_count_pairs_hints(wrong, hint, capsys):
     assert not check_count_pairs(wrong)
@@ -173,6 +182,13 @@ def _encode_ord(text, merges):
     return ids
 
 
+def _encode_characters(text, merges):
+    ids = list(text)
+    for pair, new_id in merges:
+        ids = my_merge_pair(ids, pair, new_id)
+    return ids
+
+
 def _encode_first_only(text, merges):
     ids = list(text.encode("utf-8"))
     for pair, new_id in merges:
@@ -190,6 +206,7 @@ def _encode_position(text, merges):
 @pytest.mark.parametrize("wrong, hint", [
     (_encode_reversed, "in the order they were learned"),
     (_encode_ord, "not from ord(c)"),
+    (_encode_characters, "list(text) gives characters"),
     (_encode_first_only, "not only the first one"),
     (_encode_position, "not the entry's position"),
 ])
@@ -204,7 +221,7 @@ def _train(choose=None, stop=True, first_id=256, recount=True):
         counts = my_count_pairs(ids)
         merges = []
         for new_id in range(first_id, first_id + num_merges):
-            if recount:
+            if recount is True:
                 counts = my_count_pairs(ids)
             if not counts:
                 break
@@ -213,7 +230,7 @@ def _train(choose=None, stop=True, first_id=256, recount=True):
                 break
             ids = my_merge_pair(ids, pair, new_id)
             merges.append((pair, new_id))
-            if not recount:
+            if recount is False:
                 del counts[pair]
         return merges
     return train
@@ -223,12 +240,18 @@ def _smallest(counts):
     return min(counts, key=lambda p: (-counts[p], p))
 
 
+def _one_merge_short(text, num_merges):
+    return my_train_merges(text, num_merges - 1)
+
+
 @pytest.mark.parametrize("wrong, hint", [
     (_train(choose=lambda c: max(c, key=c.get)), "ties go to the smallest pair"),
     (_train(choose=lambda c: max(c, key=lambda p: (c[p], p))), "ties go to the smallest pair"),
     (_train(choose=_smallest, stop=False), "stop when the most frequent pair occurs only once"),
     (_train(choose=_smallest, recount=False), "recount the pairs after every merge"),
     (_train(choose=_smallest, first_id=101), "new ids continue after the 256 byte values"),
+    (_train(choose=_smallest, recount="never"), "count the pairs inside the loop"),
+    (_one_merge_short, "one is missing"),
 ])
 def test_train_merges_hints(wrong, hint, capsys):
     assert not check_train_merges(wrong)

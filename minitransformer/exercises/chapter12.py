@@ -48,6 +48,15 @@ def _without_overlaps(ids):
     return counts
 
 
+def _past_the_end(ids):
+    """Looks for a pair at every position, the last one included."""
+    counts = {}
+    for i in range(len(ids)):
+        pair = (ids[i], ids[i + 1])
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
 check_count_pairs = Checker(
     reference=_count_pairs,
     cases=[(_SEED,), ([1, 1, 1],), ([3, 1, 3, 1, 3],), ([5],), ([],)],
@@ -62,6 +71,9 @@ check_count_pairs = Checker(
             lambda ids: dict(Counter(zip(ids[:-1], ids[1:-1]))),
         "count how often each pair occurs, not only whether it occurs":
             lambda ids: {pair: 1 for pair in zip(ids, ids[1:])},
+        "the last id has no neighbour after it: a pair starts at positions 0 to "
+        "len(ids) - 2, so stop before ids[i + 1] runs past the end":
+            _past_the_end,
     },
 )
 
@@ -154,6 +166,10 @@ def _each_merge_once(text, merges):
     return ids
 
 
+def _from_characters(text, merges):
+    return apply_merges(list(text), merges)
+
+
 def _position_as_id(text, merges):
     ids = list(text.encode("utf-8"))
     for k, (pair, _) in enumerate(merges):
@@ -175,6 +191,9 @@ check_encode = Checker(
         "start from the UTF-8 bytes, list(text.encode('utf-8')), not from ord(c): a "
         "character such as é is two bytes, and the merges are pairs of byte ids":
             _from_code_points,
+        "start from the UTF-8 bytes, list(text.encode('utf-8')): list(text) gives "
+        "characters, and the merges are pairs of byte ids (integers)":
+            _from_characters,
         "each merge replaces every occurrence of its pair, not only the first one":
             _each_merge_once,
         "a merged pair becomes the new_id stored in its table entry (256, 257, ...), not "
@@ -218,17 +237,42 @@ def _counted_once(text, num_merges):
     return [(pair, 256 + k) for k, pair in enumerate(chosen)]
 
 
+def _counts_never_updated(text, num_merges):
+    """The pairs counted once before the loop: the same best pair comes back every time."""
+    ids = list(text.encode("utf-8"))
+    counts = count_pairs(ids)
+    merges = []
+    for new_id in range(256, 256 + num_merges):
+        if not counts:
+            break
+        pair = _smallest(counts)
+        if counts[pair] < 2:
+            break
+        ids = merge_pair(ids, pair, new_id)
+        merges.append((pair, new_id))
+    return merges
+
+
+# The case with room for more merges than the text allows comes first: there an answer that
+# makes one merge too few is still right, so only a real recounting mistake fails it.
 check_train_merges = Checker(
     reference=_train_merges,
-    cases=[("aaabdaaabac", 3),
-           ("aaabdaaabac", 10),
+    cases=[("aaabdaaabac", 10),
+           ("aaabdaaabac", 3),
            ("the cat and the hat and the bat", 6),
            ("abcd", 2),
            ("", 2)],
     mistakes={
+        # before the recount hint: on case 2 one merge short looks like counting once
+        "make num_merges merges (for new_id in range(256, 256 + num_merges)) unless no pair "
+        "occurs twice: one is missing":
+            lambda text, n: _train_merges(text, n - 1) if n > 0 else [],
         "recount the pairs after every merge: a merge removes pairs and creates new ones "
         "(Z with its neighbours), so the second merge cannot be read off the first counts":
             _counted_once,
+        "count the pairs inside the loop, after each merge: with the counts of the original "
+        "text the same best pair comes back every time, although it no longer occurs":
+            _counts_never_updated,
         "ties go to the smallest pair (first id, then second id), whereas "
         "Counter.most_common and max(counts, key=counts.get) keep the pair seen first. "
         "After Z = aa, (a, b) = (97, 98) beats (Z, a) = (256, 97): use "

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from minitransformer import _checks
+from minitransformer.cache import KVCache
 from minitransformer.functional import softmax
 
 
@@ -81,22 +82,28 @@ def generate(
     idx: Tensor,
     max_new_tokens: int,
     *,
+    use_cache: bool = True,
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Continue each row of ``idx`` by ``max_new_tokens`` tokens, one at a time (chapter 9).
 
-    Each step runs the model on everything so far, takes the scores of the last position and
-    picks the next token with :func:`sample_next`. The model runs in eval mode (no dropout) and
-    is put back in the mode it was in.
+    Each step takes the scores of the last position and picks the next token with
+    :func:`sample_next`. Without the cache, each step runs the model on everything so far
+    (chapter 9). With it (chapter 11), a :class:`~minitransformer.cache.KVCache` keeps every
+    layer's keys and values: the prompt goes through the model once (the prefill), then each
+    step feeds the model only the newest token. Both give the same tokens. The model runs in
+    eval mode (no dropout) and is put back in the mode it was in.
 
     Args:
         model: a language model such as :class:`~minitransformer.gpt.GPT`: ``model(idx)``
             returns ``(logits, loss)``, and ``model.config`` has ``vocab_size`` and
-            ``context_length``.
+            ``context_length`` (with ``use_cache``, also ``num_layers``, and the model takes
+            ``kv_cache=``).
         idx: ``(B, T)`` token ids, the prompt.
         max_new_tokens: how many tokens to add; ``T + max_new_tokens <= context_length``.
+        use_cache: keep the keys and values instead of recomputing them.
         temperature, top_k, generator: as for :func:`sample_next`; ``temperature=0`` is greedy.
 
     Returns:
@@ -121,11 +128,17 @@ def generate(
     was_training = model.training
     model.eval()
     idx = idx.long()
+    cache = KVCache(config.num_layers, max_len=total) if use_cache else None
+    new = idx                                    # what the model has not seen yet
     for _ in range(max_new_tokens):
-        logits, _ = model(idx)                                   # (B, T, N)
+        if cache is None:
+            logits, _ = model(idx)                               # (B, T, N)
+        else:
+            logits, _ = model(new, kv_cache=cache)               # (B, T_new, N)
         next_id = sample_next(logits[:, -1], temperature=temperature, top_k=top_k,
                               generator=generator)               # (B,)
-        idx = torch.cat([idx, next_id[:, None]], dim=1)          # (B, T + 1)
+        new = next_id[:, None]                                   # (B, 1)
+        idx = torch.cat([idx, new], dim=1)                       # (B, T + 1)
     model.train(was_training)
     return idx
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minitransformer import _checks
+from minitransformer.cache import KVCache
 from minitransformer.layers import EncoderLayer, LayerNorm
 from minitransformer.masks import causal_mask
 from minitransformer.positional import sinusoidal_positional_encoding
@@ -105,12 +106,17 @@ class GPT(nn.Module):
         self.head.weight = self.token_embedding.weight  # weight tying: one (N, d_model) matrix
         self.apply(_init_weights)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *,
+                kv_cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
         """Next-token scores for every position, and the loss when ``targets`` are given.
 
         Args:
             idx: ``(B, T)`` token ids, ``T <= context_length``.
             targets: ``(B, T)`` the token that follows each position (``idx`` shifted left).
+            kv_cache: a :class:`~minitransformer.cache.KVCache` with a slot per layer
+                (chapter 11). ``idx`` then holds only the new tokens: they take the positions
+                after the ``kv_cache.seq_len`` cached ones, attend to those too, and their
+                keys and values are appended. Logits and loss are for the new tokens.
 
         Returns:
             ``(logits, loss)``: logits ``(B, T, vocab_size)``; ``loss`` the mean cross-entropy
@@ -119,24 +125,43 @@ class GPT(nn.Module):
         Raises:
             TypeError: ``idx`` or ``targets`` is not an integer tensor.
             ValueError: a shape other than ``(B, T)``, ``T > context_length``, a token id
-                outside ``[0, vocab_size)``, or ``targets`` shaped unlike ``idx``.
+                outside ``[0, vocab_size)``, or ``targets`` shaped unlike ``idx``; a cache
+                whose positions plus ``T`` exceed ``context_length``, with another number of
+                layers, or holding another batch size (or past its ``max_len``).
         """
         c = self.config
         _checks.check_token_ids("idx", idx, c.vocab_size, max_len=c.context_length)
+        past = 0 if kv_cache is None else self._check_cache(kv_cache, idx.shape[1])
         if targets is not None:
             _checks.check_token_ids("targets", targets, c.vocab_size)
             if targets.shape != idx.shape:
                 raise ValueError(f"targets must have the shape of idx {_checks.shape(idx)}, "
                                  f"got {_checks.shape(targets)}")
-        x = self.embed(idx)                                           # (B, T, d_model)
-        mask = causal_mask(idx.shape[1], device=idx.device)          # (T, T)
-        for layer in self.layers:
-            x = layer.encode(x, attn_mask=mask)
+        length = idx.shape[1]
+        x = self.embed(idx, offset=past)                              # (B, T, d_model)
+        # the new queries are the last T of past + T keys (lower right); one query sees all
+        mask = causal_mask(length, past + length, device=idx.device) if length > 1 else None
+        for i, layer in enumerate(self.layers):
+            x = layer.encode(x, attn_mask=mask, kv_cache=kv_cache, layer_idx=i)
         logits = self.head(self.norm.normalize(x))                    # (B, T, N)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
+
+    def _check_cache(self, kv_cache: KVCache, length: int) -> int:
+        """The positions ``kv_cache`` holds, after checking that ``length`` more fit."""
+        _checks.check_type("kv_cache", kv_cache, KVCache, "a KVCache")
+        c = self.config
+        if kv_cache.num_layers != c.num_layers:
+            raise ValueError(f"kv_cache has {kv_cache.num_layers} layers, the model "
+                             f"{c.num_layers} layers")
+        past = kv_cache.seq_len
+        if past + length > c.context_length:
+            raise ValueError(f"the cache holds {past} positions and idx has {length} new ones: "
+                             f"{past + length} positions, more than context_length="
+                             f"{c.context_length}")
+        return past
 
     def embed(self, idx: Tensor, *, offset: int = 0) -> Tensor:
         """Token vectors plus position vectors (then dropout), ``(B, T)`` ids -> ``(B, T,

@@ -29,6 +29,7 @@ def test_update_appends_and_returns_everything_held(max_len):
     # layer 1 has its own slot, still empty
     keys, values = cache.update(1, k2, v2)
     assert torch.equal(keys, k2) and torch.equal(values, v2)
+    assert cache.length(0) == 5 and cache.length(1) == 1 and cache.seq_len == 5
 
 
 def test_the_returned_tensors_are_not_aliased_to_the_input():
@@ -146,3 +147,226 @@ def test_repr():
     cache = KVCache(2, max_len=4)
     cache.update(0, randn(1, 1, 3, 2), randn(1, 1, 3, 2))
     assert repr(cache) == "KVCache(num_layers=2, max_len=4, seq_len=3)"
+
+
+# --- attention and layers with the cache --------------------------------------------------------
+
+from minitransformer import (  # noqa: E402
+    GPT,
+    DecoderLayer,
+    EncoderLayer,
+    GPTConfig,
+    MultiHeadAttention,
+    causal_mask,
+    generate,
+)
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+@pytest.mark.parametrize("max_len", [None, 12])
+def test_attend_one_position_at_a_time_equals_the_masked_full_pass(num_heads, max_len):
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(16, num_heads).eval()
+    x = randn(2, 9, 16, seed=5)
+    with torch.no_grad():
+        full = attention(x, attn_mask=causal_mask(9))
+        cache = KVCache(1, max_len=max_len)
+        steps = [attention.attend(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], kv_cache=cache,
+                                  layer_idx=0) for t in range(9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-6)
+    assert cache.seq_len == 9
+
+
+def test_multi_head_attention_forward_checks_the_mask_against_the_cached_length():
+    attention = MultiHeadAttention(8, 2).eval()
+    cache = KVCache(1)
+    x = randn(1, 3, 8)
+    attention(x, attn_mask=causal_mask(3), kv_cache=cache, layer_idx=0)
+    new = randn(1, 2, 8, seed=1)
+    out = attention(new, attn_mask=causal_mask(2, 5), kv_cache=cache, layer_idx=0)
+    assert out.shape == (1, 2, 8) and cache.seq_len == 5
+    with pytest.raises(ValueError, match=r"\(1, 2, 2, 7\)"):
+        attention(new, attn_mask=causal_mask(2), kv_cache=cache, layer_idx=0)
+    assert cache.seq_len == 5                                  # refused before the update
+    with pytest.raises(TypeError, match="kv_cache must be a KVCache"):
+        attention(new, kv_cache={}, layer_idx=0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_and_decoder_layers_pass_the_cache_to_their_self_attention(norm_first):
+    torch.manual_seed(0)
+    encoder = EncoderLayer(16, 2, 32, norm_first=norm_first).eval()
+    decoder = DecoderLayer(16, 2, 32, norm_first=norm_first).eval()
+    x, memory = randn(2, 7, 16, seed=1), randn(2, 4, 16, seed=2)
+    with torch.no_grad():
+        full_encoder = encoder(x, attn_mask=causal_mask(7))
+        full_decoder = decoder(x, memory, tgt_mask=causal_mask(7))
+        encoder_cache, decoder_cache = KVCache(1), KVCache(1, max_len=7)
+        chunks = [(0, 3), (3, 4), (4, 7)]
+        encoded = [encoder(x[:, a:b], attn_mask=causal_mask(b - a, b), kv_cache=encoder_cache,
+                           layer_idx=0) for a, b in chunks]
+        decoded = [decoder(x[:, a:b], memory, tgt_mask=causal_mask(b - a, b),
+                           kv_cache=decoder_cache, layer_idx=0) for a, b in chunks]
+    torch.testing.assert_close(torch.cat(encoded, dim=1), full_encoder, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.cat(decoded, dim=1), full_decoder, rtol=0, atol=1e-5)
+    # the decoder cached its self-attention only: 7 positions, not the memory's 4
+    assert decoder_cache.seq_len == 7 and decoder_cache.keys[0].shape[2] == 7
+
+
+# --- the GPT with the cache ---------------------------------------------------------------------
+
+def gpt(positional="learned", num_heads=2, context_length=24, seed=0):
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=13, context_length=context_length, num_layers=2,
+                       num_heads=num_heads, d_model=16, positional=positional)
+    return GPT(config).eval()
+
+
+def cached_logits(model, idx, chunk, max_len=None):
+    cache = KVCache(model.config.num_layers, max_len=max_len)
+    with torch.no_grad():
+        pieces = [model(idx[:, start:start + chunk], kv_cache=cache)[0]
+                  for start in range(0, idx.shape[1], chunk)]
+    assert cache.seq_len == idx.shape[1]
+    return torch.cat(pieces, dim=1)
+
+
+TOKENS = torch.randint(13, (3, 24), generator=torch.Generator().manual_seed(7))
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+@pytest.mark.parametrize("chunk, max_len", [(1, None), (1, 24), (3, None), (5, 30), (24, None)])
+def test_stepwise_and_chunked_logits_equal_the_full_pass(positional, num_heads, chunk, max_len):
+    model = gpt(positional, num_heads)
+    with torch.no_grad():
+        full, _ = model(TOKENS)
+    torch.testing.assert_close(cached_logits(model, TOKENS, chunk, max_len), full, rtol=0,
+                               atol=1e-5)
+
+
+@torch.no_grad()
+def written_out_cached_pass(model, idx, cache, *, offset=True, upper_left=False):
+    """GPT.forward's cached pass, with a switch for each of the two classic mistakes."""
+    past, length = cache.seq_len, idx.shape[1]
+    x = model.embed(idx, offset=past if offset else 0)
+    if upper_left:                 # F.scaled_dot_product_attention(is_causal=True)'s alignment
+        mask = torch.ones(length, past + length, dtype=torch.bool).tril()
+    else:
+        mask = causal_mask(length, past + length)
+    for i, layer in enumerate(model.layers):
+        x = layer.encode(x, attn_mask=mask, kv_cache=cache, layer_idx=i)
+    return model.head(model.norm(x))
+
+
+def written_out_logits(model, idx, chunk, **mistake):
+    cache = KVCache(model.config.num_layers)
+    return torch.cat([written_out_cached_pass(model, idx[:, s:s + chunk], cache, **mistake)
+                      for s in range(0, idx.shape[1], chunk)], dim=1)
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_negative_controls_the_two_classic_mistakes_differ(positional, chunk):
+    model = gpt(positional)
+    with torch.no_grad():
+        full, _ = model(TOKENS)
+    right = written_out_logits(model, TOKENS, chunk)
+    torch.testing.assert_close(right, full, rtol=0, atol=1e-5)     # the control is fair
+    for mistake in ({"offset": False}, {"upper_left": True}):
+        wrong = written_out_logits(model, TOKENS, chunk, **mistake)
+        # the first chunk is right either way (position 0 onwards, no cached keys) ...
+        torch.testing.assert_close(wrong[:, :chunk], full[:, :chunk], rtol=0, atol=1e-5)
+        # ... and every later position is wrong
+        assert ((wrong - full).abs().amax(dim=(0, 2))[chunk:] > 1e-3).all(), mistake
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_generation_is_identical_with_and_without_the_cache(positional):
+    model = gpt(positional, context_length=64)
+    prompt = TOKENS[:, :5]
+    greedy = [generate(model, prompt, 40, use_cache=use, temperature=0) for use in (True, False)]
+    assert torch.equal(*greedy)
+    for top_k in (None, 4):
+        sampled = [generate(model, prompt, 40, use_cache=use, temperature=1.3, top_k=top_k,
+                            generator=torch.Generator().manual_seed(11)) for use in (True, False)]
+        assert torch.equal(*sampled)
+    # a one-token prompt, and a generation that fills the context exactly
+    one = [generate(model, prompt[:, :1], 63, use_cache=use, temperature=0)
+           for use in (True, False)]
+    assert torch.equal(*one) and one[0].shape == (3, 64)
+
+
+def test_use_cache_is_the_default_and_keyword_only():
+    import inspect
+    parameters = inspect.signature(generate).parameters
+    assert parameters["use_cache"].default is True
+    assert parameters["use_cache"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_overflow_past_context_length_names_the_cache():
+    model = gpt(context_length=10)
+    cache = KVCache(2)
+    model(TOKENS[:, :8], kv_cache=cache)
+    model(TOKENS[:, 8:10], kv_cache=cache)                        # exactly full: fine
+    with pytest.raises(ValueError, match=r"cache holds 10 positions.*1 new.*11.*context_length=10"):
+        model(TOKENS[:, :1], kv_cache=cache)
+    assert cache.seq_len == 10                                    # checked before any update
+
+
+def test_overflow_past_max_len():
+    model = gpt()
+    cache = KVCache(2, max_len=6)
+    model(TOKENS[:, :4], kv_cache=cache)
+    with pytest.raises(ValueError, match="max_len=6"):
+        model(TOKENS[:, 4:7], kv_cache=cache)
+
+
+def test_the_model_checks_the_cache_it_is_given():
+    model = gpt()
+    with pytest.raises(TypeError, match="kv_cache must be a KVCache"):
+        model(TOKENS, kv_cache=[])
+    with pytest.raises(ValueError, match="3 layers.*2 layers"):
+        model(TOKENS, kv_cache=KVCache(3))
+    cache = KVCache(2)
+    model(TOKENS[:, :4], kv_cache=cache)
+    with pytest.raises(ValueError, match="batch"):
+        model(TOKENS[:2, 4:5], kv_cache=cache)                     # another batch size
+
+
+def test_reset_makes_the_cache_reusable():
+    model = gpt()
+    cache = KVCache(2, max_len=24)
+    first = torch.cat([model(TOKENS[:, t:t + 1], kv_cache=cache)[0] for t in range(10)], dim=1)
+    cache.reset()
+    assert cache.seq_len == 0
+    again = torch.cat([model(TOKENS[:, t:t + 1], kv_cache=cache)[0] for t in range(10)], dim=1)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_memory_of_a_generation_equals_the_formula(dtype):
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=13, context_length=40, num_layers=3, num_heads=4, d_model=32)
+    model = GPT(config, dtype=dtype).eval()
+    cache = KVCache(config.num_layers)
+    model(TOKENS[:, :20], kv_cache=cache)
+    d_head = config.d_model // config.num_heads
+    bytes_per_number = torch.finfo(dtype).bits // 8
+    assert cache.nbytes == 2 * 3 * 3 * 4 * 20 * d_head * bytes_per_number
+    assert cache.keys[0].shape == (3, 4, 20, d_head)
+
+
+def test_a_decode_step_checks_once_and_builds_no_mask(monkeypatch):
+    """The cached step is overhead-bound: the model checks its input in forward, the layers do
+    not check again, and a single new token needs no causal mask."""
+    import minitransformer.gpt as gpt_module
+    model = gpt()
+    cache = KVCache(2, max_len=24)
+    model(TOKENS[:, :5], kv_cache=cache)
+    calls = []
+    monkeypatch.setattr(MultiHeadAttention, "_check_inputs",
+                        lambda *a, **k: calls.append("attention check"))
+    monkeypatch.setattr(gpt_module, "causal_mask", lambda *a, **k: calls.append("mask"))
+    logits, _ = model(TOKENS[:, 5:6], kv_cache=cache)
+    assert logits.shape == (3, 1, 13) and calls == []

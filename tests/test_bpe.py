@@ -318,3 +318,12 @@ def test_corpus_script_keeps_prose_and_drops_markup():
         "Each token t_i asks a query, see chapter 6 and, computed by softmax as "
         "softmax(QK^ᵀ) here.",
         "Count pairs", "Write my_count.", "A note in prose.", "first item", "second item"]
+
+
+def test_corpus_script_leaves_out_chapter_12(tmp_path):
+    script = _corpus_script()
+    for name, cell in (("01_a.ipynb", "Chapter one prose."), ("12_tokenization_bpe.ipynb",
+                                                              "About ksowjmckder.")):
+        notebook = {"cells": [{"cell_type": "markdown", "source": [cell]}]}
+        (tmp_path / name).write_text(json.dumps(notebook), encoding="utf-8")
+    assert script.corpus(tmp_path) == "Chapter one prose.\n"

@@ -1,8 +1,8 @@
 """Collect the book's own prose into book/data/corpus.txt (chapter 12 trains BPE on it).
 
 Reads book/intro.md and the markdown cells of the chapters book/NN_*.ipynb (in file-name
-order, so a new chapter simply joins in; chapter 12 itself is left out), and keeps the English prose: code blocks, maths,
-MyST directives' markup, roles, labels, comments, tables, HTML and images are removed; link
+order, so a new chapter simply joins in; chapter 12 itself is left out), and keeps the
+English prose: code blocks, maths, MyST directives' markup, roles, labels, comments, tables, HTML and images are removed; link
 texts, headings, list items and the text inside admonitions and exercises stay. So that the
 sentences still read, a name in backticks (`make book`) and short maths that reads as text
 ($T$, $d_\text{model}$, $n^2$) keep their words; longer code and maths are dropped. Paragraphs

@@ -2,8 +2,9 @@
 
 Reads book/intro.md and the markdown cells of the chapters book/NN_*.ipynb (in file-name
 order, so a new chapter simply joins in; chapter 12 itself is left out), and keeps the
-English prose: code blocks, maths, MyST directives' markup, roles, labels, comments, tables, HTML and images are removed; link
-texts, headings, list items and the text inside admonitions and exercises stay. So that the
+English prose: code blocks, maths, MyST directives' markup, roles, labels, comments, tables,
+HTML and images are removed; link texts, headings, list items and the text inside
+admonitions and exercises stay. So that the
 sentences still read, a name in backticks (`make book`) and short maths that reads as text
 ($T$, $d_\text{model}$, $n^2$) keep their words; longer code and maths are dropped. Paragraphs
 become single lines separated by a blank line. The output depends only on the input files.

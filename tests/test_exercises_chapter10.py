@@ -163,3 +163,70 @@ def test_hard_coded_special_ids_fail_the_last_case(capsys):
     assert not check_decoder_input_and_targets(
         lambda sentences, bos, eos, pad: decoder_input_and_targets(sentences, 1, 2, 0))
     assert capsys.readouterr().out.startswith("✗ case 4: for input ([[7, 8], [9]], 4, 5, 3)")
+
+
+# --- mistakes found by solving the exercises wrongly on purpose (review of chapter 10) ------
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # k.T on a 3-D tensor is deprecated
+@pytest.mark.parametrize("wrong, case, hint", [
+    (lambda t, m, wq, wk, wv: torch.softmax((t @ wq) @ (m @ wk).transpose(-2, -1)
+                                            / math.sqrt(t.shape[-1]), -1) @ (m @ wv),
+     2, "divide by sqrt(d_k), the width of the queries and keys"),
+    (lambda t, m, wq, wk, wv: torch.softmax((t @ wq) @ (m @ wk).transpose(-2, -1)
+                                            / math.sqrt(wk.shape[1]), -1),
+     1, "those are the weights (T_tgt, T_src)"),
+    (lambda t, m, wq, wk, wv: torch.softmax((t @ wq) @ (m @ wk).T
+                                            / math.sqrt(wk.shape[1]), -1) @ (m @ wv),
+     3, "k.T reverses every dimension of a batched"),
+], ids=["sqrt(d_model)", "returns the weights", "k.T on a batch"])
+def test_more_cross_attention_mistakes(wrong, case, hint, capsys):
+    assert not check_cross_attention(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith(f"✗ case {case}:") and f"Hint: {hint}" in out
+
+
+@pytest.mark.parametrize("wrong, case, hint", [
+    (lambda src, pad: (src != 0)[:, None, None, :], 3, "compare with the argument pad_id"),
+    (lambda src, pad: (src != pad)[:, None, :], 1, "(B, 1, T_src) is one dimension short"),
+    (lambda src, pad: (src != pad)[:, None, None, :].expand(-1, 1, src.shape[1], -1), 1,
+     "leave the query dimension at size 1"),
+    (lambda src, pad: torch.zeros(src.shape).masked_fill(src == pad, -math.inf)[:, None, None],
+     1, "that is the additive form"),
+], ids=["pad 0 hard-coded", "(B, 1, T)", "(B, 1, T, T)", "additive"])
+def test_more_padding_mask_mistakes(wrong, case, hint, capsys):
+    assert not check_source_padding_mask(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith(f"✗ case {case}:") and f"Hint: {hint}" in out
+
+
+def _left_padded(sentences, bos_id, eos_id, pad_id):
+    width = max(len(s) for s in sentences) + 1
+    return (torch.tensor([[pad_id] * (width - 1 - len(s)) + [bos_id, *s] for s in sentences]),
+            torch.tensor([[pad_id] * (width - 1 - len(s)) + [*s, eos_id] for s in sentences]))
+
+
+def _eos_last(sentences, bos_id, eos_id, pad_id):
+    tgt_in, targets = decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+    targets = targets.masked_fill(targets == eos_id, pad_id)
+    targets[:, -1] = eos_id
+    return tgt_in, targets
+
+
+def _sliced(sentences, bos_id, eos_id, pad_id):
+    width = max(len(s) for s in sentences) + 2
+    rows = torch.full((len(sentences), width), pad_id)
+    for row, words in enumerate(sentences):
+        rows[row, : len(words) + 2] = torch.tensor([bos_id, *words, eos_id])
+    return rows[:, :-1], rows[:, 1:]
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_left_padded, "pad on the right"),
+    (_eos_last, "eos_id goes right after the last word"),
+    (_sliced, "the decoder input is bos_id and the words, then pad_id, with no eos_id"),
+    (lambda sentences, b, e, p: decoder_input_and_targets(sentences, 1, 2, 0),
+     "use the arguments bos_id, eos_id and pad_id"),
+], ids=["left padding", "eos after the padding", "sliced from one row", "hard-coded ids"])
+def test_more_decoder_pair_mistakes(wrong, hint, capsys):
+    assert not check_decoder_input_and_targets(wrong)
+    assert f"Hint: {hint}" in capsys.readouterr().out

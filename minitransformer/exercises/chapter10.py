@@ -68,6 +68,22 @@ def _softmax_over_the_queries(target, memory, w_q, w_k, w_v):
     return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-2) @ v
 
 
+def _scaled_by_d_model(target, memory, w_q, w_k, w_v):
+    q, k, v = target @ w_q, memory @ w_k, memory @ w_v
+    scores = q @ k.transpose(-2, -1) / math.sqrt(target.shape[-1])
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def _the_weights(target, memory, w_q, w_k, w_v):
+    q, k = target @ w_q, memory @ w_k
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1]), dim=-1)
+
+
+def _transposed_with_dot_t(target, memory, w_q, w_k, w_v):
+    q, k, v = target @ w_q, memory @ w_k, memory @ w_v
+    return torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1) @ v
+
+
 check_cross_attention = Checker(
     reference=_cross_attention,
     cases=_cross_attention_cases(),
@@ -82,6 +98,12 @@ check_cross_attention = Checker(
         "divide the scores by sqrt(d_k), the width of the keys": _without_scaling,
         "softmax over the keys, the last dimension (dim=-1): each target token's weights over "
         "the source positions sum to 1": _softmax_over_the_queries,
+        "divide by sqrt(d_k), the width of the queries and keys (k.shape[-1]), not by the "
+        "width of the inputs (target.shape[-1], d_model): here they differ": _scaled_by_d_model,
+        "those are the weights (T_tgt, T_src); return what they mix, weights @ v, one row of "
+        "width d_v per target token": _the_weights,
+        "k.T reverses every dimension of a batched (B, T_src, d_k) tensor: swap only the last "
+        "two with k.transpose(-2, -1)": _transposed_with_dot_t,
     },
 )
 
@@ -108,6 +130,23 @@ def _as_numbers(src, pad_id):
     return (src != pad_id)[:, None, None, :].float()
 
 
+def _additive_minus_infinity(src, pad_id):
+    scores = torch.zeros(src.shape).masked_fill(src == pad_id, float("-inf"))
+    return scores[:, None, None, :]
+
+
+def _pad_id_zero(src, pad_id):
+    return (src != 0)[:, None, None, :]
+
+
+def _one_dimension_short(src, pad_id):
+    return (src != pad_id)[:, None, :]
+
+
+def _one_row_per_source_token(src, pad_id):
+    return (src != pad_id)[:, None, None, :].expand(-1, 1, src.shape[1], -1)
+
+
 check_source_padding_mask = Checker(
     reference=_source_padding_mask,
     cases=[(torch.tensor([[5, 6, 7], [8, 0, 0]]), 0),
@@ -122,6 +161,15 @@ check_source_padding_mask = Checker(
         "T_src): put them last, mask[:, None, None, :]": _on_the_query_dimension,
         "keep the mask boolean (src != pad_id is already True/False): a float mask is added to "
         "the scores, and adding 1 hides nothing": _as_numbers,
+        "compare with the argument pad_id, not with 0: this case pads with 1": _pad_id_zero,
+        "(B, 1, T_src) is one dimension short: broadcasting against (B, h, T_tgt, T_src) adds "
+        "the missing one in front, so the batch lands on the heads; use mask[:, None, None, :]":
+            _one_dimension_short,
+        "leave the query dimension at size 1, (B, 1, 1, T_src): in cross-attention there are "
+        "T_tgt queries, not T_src, and a size-1 dimension fits any number":
+            _one_row_per_source_token,
+        "that is the additive form (0 and -inf, added to the scores); the book's masks are "
+        "boolean, True = may attend: src != pad_id": _additive_minus_infinity,
     },
 )
 
@@ -168,6 +216,32 @@ def _without_bos(sentences, bos_id, eos_id, pad_id):
     return torch.cat([tgt_in[:, 1:], torch.full_like(tgt_in[:, :1], pad_id)], dim=1), targets
 
 
+def _padded_on_the_left(sentences, bos_id, eos_id, pad_id):
+    width = max(len(words) for words in sentences) + 1
+    tgt_in = [[pad_id] * (width - 1 - len(words)) + [bos_id, *words] for words in sentences]
+    targets = [[pad_id] * (width - 1 - len(words)) + [*words, eos_id] for words in sentences]
+    return torch.tensor(tgt_in), torch.tensor(targets)
+
+
+def _eos_after_the_padding(sentences, bos_id, eos_id, pad_id):
+    tgt_in, _ = _decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+    width = tgt_in.shape[1]
+    targets = [[*words] + [pad_id] * (width - 1 - len(words)) + [eos_id]
+               for words in sentences]
+    return tgt_in, torch.tensor(targets)
+
+
+def _sliced_from_one_row(sentences, bos_id, eos_id, pad_id):
+    width = max(len(words) for words in sentences) + 2
+    rows = torch.tensor([[bos_id, *words, eos_id] + [pad_id] * (width - 2 - len(words))
+                         for words in sentences])
+    return rows[:, :-1], rows[:, 1:]
+
+
+def _special_ids_hard_coded(sentences, bos_id, eos_id, pad_id):
+    return _decoder_input_and_targets(sentences, 1, 2, 0)
+
+
 check_decoder_input_and_targets = Checker(
     reference=_decoder_input_and_targets,
     cases=_PAIR_CASES,
@@ -183,5 +257,14 @@ check_decoder_input_and_targets = Checker(
         "where a translation stops": _without_eos,
         "start every decoder input with bos_id: the first word is predicted from <bos> alone":
             _without_bos,
+        "pad on the right: every row starts with bos_id at position 0, and the padding comes "
+        "after the words (after eos_id in the targets)": _padded_on_the_left,
+        "eos_id goes right after the last word, before the padding: targets[t] is the token "
+        "that follows what tgt_in holds up to t": _eos_after_the_padding,
+        "the decoder input is bos_id and the words, then pad_id, with no eos_id: slicing one "
+        "padded row <bos> words <eos> leaves eos_id in the shorter rows' input":
+            _sliced_from_one_row,
+        "use the arguments bos_id, eos_id and pad_id rather than 1, 2 and 0: this case uses 4, "
+        "5 and 3": _special_ids_hard_coded,
     },
 )

@@ -503,3 +503,26 @@ def test_batches_are_padded_and_shifted(corpus):
     assert first[0].shape[0] == 8
     with pytest.raises(ValueError, match="batch_size=9 is more than the 2 pairs"):
         next(data.translation_batches(pairs, src_vocab, tgt_vocab, batch_size=9))
+
+
+# --- found in review (chapter 10): failing until seq2seq.py / generate.py are fixed -------------
+
+@pytest.mark.parametrize("decode", ["translate", "beam_search"])
+def test_a_rejected_source_leaves_the_training_mode_alone(decode):
+    """translate and beam_search switch to eval() and back; a source that fails its check must
+    not leave a model that was training in eval mode (the check runs after self.eval())."""
+    model = small_model().train()
+    bad = torch.tensor([[20, 3]])                       # 20 is outside the source vocabulary
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        if decode == "translate":
+            model.translate(bad, 4)
+        else:
+            beam_search(model, bad, beam_size=2, max_new_tokens=4)
+    assert model.training, (f"{decode} raised on a bad source but left the model in eval mode: "
+                            "check the source before self.eval(), or restore the mode in finally")
+
+
+def test_exact_match_of_a_list_is_a_type_error():
+    """Project rule: a wrong type is a TypeError (a wrong value a ValueError)."""
+    with pytest.raises(TypeError, match="translations"):
+        exact_match([[BOS, 5, EOS]], torch.tensor([[5, EOS]]))

@@ -204,3 +204,16 @@ def test_other_errors_get_no_dtype_hint(capsys):
     check = Checker(lambda masks, i: masks[i], cases=[(torch.eye(3), 1)])
     assert not check(lambda masks, i: masks[i + 5])
     assert "Hint" not in capsys.readouterr().out
+
+
+def test_first_difference_of_a_long_list_against_a_dict_is_no_crash():
+    # A learner who returns a list of pairs where a Counter is expected (chapter 12) must get
+    # a verdict, not an AttributeError from inside the checker.
+    from collections import Counter
+
+    from minitransformer.exercises import first_difference
+
+    expected = Counter({(i, i + 1): 1 for i in range(40)})
+    assert first_difference(expected, [(i, i + 1) for i in range(40)]) is None
+    assert first_difference(list(range(40)), list(range(39)) + [7]) == (
+        "at [39] expected 39 but got 7 (1 of 40 entries differ)")

@@ -213,7 +213,7 @@ def first_difference(expected: Any, got: Any, *, atol: float = 1e-6,
         return None
     want, have = _to_numpy(expected), _to_numpy(got)
     try:
-        have = np.asarray(have)
+        want, have = np.asarray(want), np.asarray(have)
         if have.shape != want.shape or have.dtype.kind not in "biuf":
             return None
         wrong = ~np.isclose(have.astype(float), want.astype(float), atol=atol, rtol=rtol)

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from minitransformer import _checks
 from minitransformer.attention import MultiHeadAttention
+from minitransformer.cache import KVCache
 from minitransformer.layers import DecoderLayer, EncoderLayer, LayerNorm
 from minitransformer.masks import causal_mask, padding_mask
 
@@ -240,7 +241,9 @@ class Seq2Seq(nn.Module):
             src: ``(B, T_src)`` source ids.
             max_new_tokens: the most tokens to write after ``bos_id`` (``eos_id`` included).
             use_cache: project the memory to cross-attention keys and values once per sentence
-                instead of at every step. The output is the same either way.
+                instead of at every step, and keep the decoder's self-attention keys and values
+                in a :class:`~minitransformer.cache.KVCache` (chapter 11), so that each step
+                feeds the decoder only the newest token. The output is the same either way.
 
         Returns:
             ``(B, <= max_new_tokens + 1)`` ids: each row ``bos_id``, the translation, ``eos_id``,
@@ -253,13 +256,16 @@ class Seq2Seq(nn.Module):
         """
         c = self.config
         self._check_max_new_tokens(max_new_tokens)
+        self._check_src(src)                       # before eval(): a bad source changes no mode
         was_training = self.training
         self.eval()
         source = self.read_source(src, use_cache=use_cache)
+        cache = KVCache(c.num_layers, max_len=max_new_tokens + 1) if use_cache else None
         out = torch.full((src.shape[0], 1), c.bos_id, dtype=torch.long, device=src.device)
         done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
         for _ in range(max_new_tokens):
-            next_id = self.next_token_logits(out, source).argmax(dim=-1)           # (B,)
+            new = out if cache is None else out[:, -1:]      # what the decoder has not seen
+            next_id = self.next_token_logits(new, source, kv_cache=cache).argmax(dim=-1)  # (B,)
             next_id = next_id.masked_fill(done, c.pad_id)
             out = torch.cat([out, next_id[:, None]], dim=1)                      # (B, t + 1)
             done |= next_id == c.eos_id
@@ -298,10 +304,14 @@ class Seq2Seq(nn.Module):
         return [(attn.split_heads(attn.k_proj(memory)), attn.split_heads(attn.v_proj(memory)))
                 for attn in (layer.multihead_attn for layer in self.decoder_layers)]
 
-    def next_token_logits(self, tgt_in: Tensor, source: SourceMemory) -> Tensor:
+    def next_token_logits(self, tgt_in: Tensor, source: SourceMemory, *,
+                          kv_cache: KVCache | None = None) -> Tensor:
         """The logits ``(B, tgt_vocab_size)`` of the token that follows ``tgt_in`` ``(B, t)``.
-        Unchecked: for generation loops that checked their input once."""
-        logits = self._decode(tgt_in, source.memory, source.mask, keys_values=source.keys_values)
+        With a ``kv_cache`` for the decoder's self-attention (chapter 11), ``tgt_in`` holds only
+        the tokens after the cached ones. Unchecked: for generation loops that checked their
+        input once."""
+        logits = self._decode(tgt_in, source.memory, source.mask, keys_values=source.keys_values,
+                              kv_cache=kv_cache)
         return logits[:, -1]
 
     # --- the computation, unchecked ------------------------------------------------------------
@@ -314,19 +324,25 @@ class Seq2Seq(nn.Module):
 
     def _decode(self, tgt_in: Tensor, memory: Tensor, mask: Tensor, *,
                 keys_values: list[tuple[Tensor, Tensor]] | None = None,
-                weights: list[Tensor] | None = None) -> Tensor:
-        y = self._embed(tgt_in, self.tgt_token_embedding, self.tgt_position_embedding)
-        causal = causal_mask(tgt_in.shape[1], device=tgt_in.device)  # (T_tgt, T_tgt)
+                weights: list[Tensor] | None = None,
+                kv_cache: KVCache | None = None) -> Tensor:
+        past, length = (0 if kv_cache is None else kv_cache.seq_len), tgt_in.shape[1]
+        y = self._embed(tgt_in, self.tgt_token_embedding, self.tgt_position_embedding,
+                        offset=past)
+        # lower right: the new positions are the last of past + length; one sees them all
+        causal = causal_mask(length, past + length, device=tgt_in.device) if length > 1 else None
         for i, layer in enumerate(self.decoder_layers):
             if keys_values is None and weights is None:
-                y = layer.decode(y, memory, tgt_mask=causal, memory_mask=mask)
+                y = layer.decode(y, memory, tgt_mask=causal, memory_mask=mask, kv_cache=kv_cache,
+                                 layer_idx=i)
             else:
                 kv = keys_values[i] if keys_values is not None else None
-                y = _decoder_block(layer, y, memory, kv, causal, mask, weights)
+                y = _decoder_block(layer, y, memory, kv, causal, mask, weights, kv_cache, i)
         return self.head(self.decoder_norm.normalize(y))             # (B, T_tgt, N)
 
-    def _embed(self, ids: Tensor, tokens: nn.Embedding, positions: nn.Embedding) -> Tensor:
-        where = torch.arange(ids.shape[1], device=ids.device)
+    def _embed(self, ids: Tensor, tokens: nn.Embedding, positions: nn.Embedding, *,
+               offset: int = 0) -> Tensor:
+        where = torch.arange(offset, offset + ids.shape[1], device=ids.device)
         return self.dropout(tokens(ids) + positions(where))          # (B, T, d_model)
 
     # --- checks ----------------------------------------------------------------------------------
@@ -355,12 +371,15 @@ class Seq2Seq(nn.Module):
 
 
 def _decoder_block(layer: DecoderLayer, y: Tensor, memory: Tensor,
-                   keys_values: tuple[Tensor, Tensor] | None, tgt_mask: Tensor, mask: Tensor,
-                   weights: list[Tensor] | None) -> Tensor:
+                   keys_values: tuple[Tensor, Tensor] | None, tgt_mask: Tensor | None,
+                   mask: Tensor, weights: list[Tensor] | None, kv_cache: KVCache | None = None,
+                   layer_idx: int = 0) -> Tensor:
     """``layer.decode`` (pre-norm), with the cross-attention's keys and values given already
-    projected, and its weights appended to ``weights`` when that is a list."""
+    projected, and its weights appended to ``weights`` when that is a list; the
+    self-attention appends to slot ``layer_idx`` of ``kv_cache`` when one is given."""
     h = layer.norm1.normalize(y)
-    y = y + layer.dropout1(layer.self_attn.attend(h, h, h, attn_mask=tgt_mask))
+    y = y + layer.dropout1(layer.self_attn.attend(h, h, h, attn_mask=tgt_mask, kv_cache=kv_cache,
+                                                  layer_idx=layer_idx))
     attn = layer.multihead_attn
     key, value = keys_values or (attn.split_heads(attn.k_proj(memory)),  # (B, h, T_src, d_k)
                                  attn.split_heads(attn.v_proj(memory)))

@@ -370,3 +370,45 @@ def test_a_decode_step_checks_once_and_builds_no_mask(monkeypatch):
     monkeypatch.setattr(gpt_module, "causal_mask", lambda *a, **k: calls.append("mask"))
     logits, _ = model(TOKENS[:, 5:6], kv_cache=cache)
     assert logits.shape == (3, 1, 13) and calls == []
+
+
+# --- the encoder-decoder with the cache ---------------------------------------------------------
+
+from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
+
+
+def seq2seq(seed=0):
+    torch.manual_seed(seed)
+    config = Seq2SeqConfig(src_vocab_size=15, tgt_vocab_size=17, context_length=20, num_layers=2,
+                           num_heads=2, d_model=16)
+    return Seq2Seq(config).eval()
+
+
+SRC = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 11, 0, 0], [12, 0, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("cross_cached", [False, True])
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_seq2seq_decoder_logits_through_the_cache_equal_the_full_pass(cross_cached, chunk):
+    model = seq2seq()
+    tgt_in = torch.cat([torch.ones(3, 1, dtype=torch.long),
+                        torch.randint(3, 17, (3, 8), generator=torch.Generator().manual_seed(2))],
+                       dim=1)
+    with torch.no_grad():
+        full, _ = model(SRC, tgt_in)
+        source = model.read_source(SRC, use_cache=cross_cached)
+        cache = KVCache(2)
+        pieces = [model._decode(tgt_in[:, s:s + chunk], source.memory, source.mask,
+                                keys_values=source.keys_values, kv_cache=cache)
+                  for s in range(0, 9, chunk)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-5)
+    assert cache.seq_len == 9                       # self-attention only: target positions
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq2seq_translation_is_identical_with_and_without_the_cache(seed):
+    model = seq2seq(seed)
+    cached = model.translate(SRC, 19, use_cache=True)
+    uncached = model.translate(SRC, 19, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert cached.shape[1] > 2                      # it wrote something to compare

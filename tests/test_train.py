@@ -1,5 +1,6 @@
 """The training loop, evaluation, saving and loading (minitransformer.train, chapter 9)."""
 
+import importlib
 import math
 
 import pytest
@@ -172,3 +173,52 @@ def test_loading_into_another_config_names_the_mismatched_shapes(tmp_path):
         load_model(GPT(tiny_config(num_layers=2)), path)
     with pytest.raises(ValueError, match="position_embedding.weight: saved, but the model"):
         load_model(GPT(tiny_config(positional="sinusoidal")), path)
+
+
+def test_the_gradient_is_clipped_before_each_step(monkeypatch):
+    # the package exports a function named train, which hides the module of that name
+    module = importlib.import_module("minitransformer.train")
+    norms = []
+    make_optimizer = module._optimizer
+
+    def recording_optimizer(model, lr, weight_decay):
+        optimizer = make_optimizer(model, lr, weight_decay)
+        step = optimizer.step
+
+        def step_and_record(*args, **kwargs):
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norms.append(float(torch.linalg.vector_norm(torch.stack(
+                [torch.linalg.vector_norm(g) for g in grads]))))
+            return step(*args, **kwargs)
+
+        optimizer.step = step_and_record
+        return optimizer
+
+    monkeypatch.setattr(module, "_optimizer", recording_optimizer)
+    torch.manual_seed(0)
+    model = GPT(tiny_config())
+    idx = torch.randint(12, (4, 8))
+    train(model, [(idx, idx)], steps=3, lr=1e-3, max_grad_norm=1e-3, progress=False)
+    assert len(norms) == 3
+    assert max(norms) <= 1e-3 * (1 + 1e-4), norms
+
+
+_UNPICKLED = []
+
+
+def _ran_while_unpickling():
+    _UNPICKLED.append(True)
+    return {}
+
+
+class _CodeInAFile:
+    def __reduce__(self):
+        return (_ran_while_unpickling, ())
+
+
+def test_loading_runs_no_code_from_the_file(tmp_path):
+    path = tmp_path / "not_weights.pt"
+    torch.save(_CodeInAFile(), path)
+    with pytest.raises(Exception):
+        load_model(GPT(tiny_config()), path)
+    assert _UNPICKLED == [], "load_model unpickled arbitrary code (weights_only must be True)"

@@ -1,0 +1,124 @@
+"""How much faster is generation with a KV cache? (chapter 11)
+
+Run from the repository root:  .venv/bin/python benchmarks/kv_cache.py [--threads 2] [--repeats 3]
+(`make bench` runs it with the other benchmarks.)
+
+A randomly initialised GPT (vocab 256, d_model 128, 4 layers, 4 heads, context_length 1024, float32,
+CPU) continues a 4-token prompt greedily with ``generate(..., use_cache=True)`` and
+``use_cache=False``; the two must give the same tokens. It prints
+  * the total time of each and the speed-up for 64, 256, 512 and 1,000 new tokens, at ``--threads``
+    threads and then again at 1 thread (with 2 threads the uncached pass, a big matrix product,
+    runs in parallel, while a cached step is too small to gain from a second thread);
+  * how flat the cached cost per token stays: one 1,000-token generation timed token by token,
+    the last 64 tokens against the first 64.
+
+Timing method: cached and uncached runs alternate (cached first, then uncached first, ...) after
+one untimed warm-up each; the speed-up is the median of the per-repeat ratios, which is robust to
+other programs slowing the machine down for a while. Targets (issue 12), at 2 threads: >= 3.5x at
+256 new tokens, >= 7x at 512, and last-64 / first-64 <= 1.5; printed on the last lines. Timings on
+a busy machine mean little: the load average is printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from minitransformer import GPT, GPTConfig, KVCache, generate, sample_next
+
+CONFIG = GPTConfig(vocab_size=256, context_length=1024, num_layers=4, num_heads=4, d_model=128)
+PROMPT_LENGTH = 4
+NEW_TOKENS = (64, 256, 512, 1000)
+TARGETS = {256: 3.5, 512: 7.0}
+FLAT_WINDOW, FLAT_TARGET = 64, 1.5
+
+
+def _time(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> float:
+    start = time.perf_counter()
+    generate(model, prompt, new_tokens, use_cache=use_cache, temperature=0)
+    return time.perf_counter() - start
+
+
+def speed_up(model: GPT, prompt: torch.Tensor, new_tokens: int,
+             repeats: int) -> tuple[float, float, float]:
+    """Median seconds with and without the cache, and the median per-repeat ratio."""
+    cached = generate(model, prompt, new_tokens, use_cache=True, temperature=0)
+    uncached = generate(model, prompt, new_tokens, use_cache=False, temperature=0)
+    if not torch.equal(cached, uncached):
+        raise AssertionError(f"cached and uncached generation differ at {new_tokens} tokens")
+    with_cache, without, ratios = [], [], []
+    for repeat in range(repeats):
+        if repeat % 2 == 0:
+            c, u = _time(model, prompt, new_tokens, True), _time(model, prompt, new_tokens, False)
+        else:
+            u, c = _time(model, prompt, new_tokens, False), _time(model, prompt, new_tokens, True)
+        with_cache.append(c)
+        without.append(u)
+        ratios.append(u / c)
+    return statistics.median(with_cache), statistics.median(without), statistics.median(ratios)
+
+
+@torch.inference_mode()
+def per_token_times(model: GPT, prompt: torch.Tensor, new_tokens: int) -> list[float]:
+    """Seconds for each cached decode step of one generation (the prefill not included)."""
+    cache = KVCache(CONFIG.num_layers, max_len=PROMPT_LENGTH + new_tokens)
+    logits, _ = model(prompt, kv_cache=cache)
+    times = []
+    for _ in range(new_tokens):
+        start = time.perf_counter()
+        next_id = sample_next(logits[:, -1], temperature=0)
+        logits, _ = model(next_id[:, None], kv_cache=cache)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per length")
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=list(NEW_TOKENS),
+                        help="lengths to time (default 64 256 512 1000; 256 and 512 always)")
+    args = parser.parse_args()
+    lengths = sorted(set(args.new_tokens) | set(TARGETS))
+    _ = torch.manual_seed(0)
+    model = GPT(CONFIG).eval()
+    prompt = torch.randint(0, CONFIG.vocab_size, (1, PROMPT_LENGTH))
+
+    print(f"torch {torch.__version__}, float32, CPU, GPT vocab {CONFIG.vocab_size}, d_model "
+          f"{CONFIG.d_model}, {CONFIG.num_layers} layers, {CONFIG.num_heads} heads, context "
+          f"{CONFIG.context_length}, {PROMPT_LENGTH}-token prompt, greedy, {args.repeats} "
+          f"interleaved repeats, load average {os.getloadavg()[0]:.2f}")
+    print(f"{'threads':>7}{'new tokens':>12}{'cached (s)':>12}{'uncached (s)':>14}"
+          f"{'ms/token cached':>17}{'speed-up':>10}")
+    ratios: dict[int, dict[int, float]] = {}
+    for threads in dict.fromkeys([args.threads, 1]):
+        torch.set_num_threads(threads)
+        generate(model, prompt, 16, use_cache=True, temperature=0)       # warm-up
+        generate(model, prompt, 16, use_cache=False, temperature=0)
+        for new_tokens in lengths:
+            cached, uncached, ratio = speed_up(model, prompt, new_tokens, args.repeats)
+            ratios.setdefault(threads, {})[new_tokens] = ratio
+            print(f"{threads:>7}{new_tokens:>12}{cached:>12.3f}{uncached:>14.3f}"
+                  f"{cached / new_tokens * 1e3:>17.2f}{ratio:>9.2f}x", flush=True)
+
+    torch.set_num_threads(args.threads)
+    times = per_token_times(model, prompt, NEW_TOKENS[-1])
+    first = statistics.median(times[:FLAT_WINDOW])
+    last = statistics.median(times[-FLAT_WINDOW:])
+    flat = sum(times[-FLAT_WINDOW:]) / sum(times[:FLAT_WINDOW])
+    print(f"cached decode, {args.threads} threads: first {FLAT_WINDOW} tokens {first * 1e3:.2f} "
+          f"ms/token (median), last {FLAT_WINDOW} {last * 1e3:.2f} ms/token; last / first "
+          f"(totals) {flat:.2f} (target <= {FLAT_TARGET}: {flat <= FLAT_TARGET})")
+    main_ratios = ratios[args.threads]
+    for new_tokens, target in TARGETS.items():
+        print(f"speed-up at {new_tokens} new tokens, {args.threads} threads: "
+              f"{main_ratios[new_tokens]:.2f}x (target >= {target}x: "
+              f"{main_ratios[new_tokens] >= target}); 1 thread: {ratios[1][new_tokens]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -171,6 +171,7 @@ def beam_search(model: nn.Module, src: Tensor, *, beam_size: int, max_new_tokens
     if max_new_tokens + 1 > c.context_length:
         raise ValueError(f"max_new_tokens={max_new_tokens} plus <bos> needs {max_new_tokens + 1} "
                          f"positions, more than context_length={c.context_length}")
+    model._check_src(src)                          # before eval(): a bad source changes no mode
     was_training = model.training
     model.eval()
     source = model.read_source(src).repeat_interleave(k)            # B * k copies

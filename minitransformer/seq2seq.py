@@ -431,13 +431,11 @@ def exact_match(translations: Tensor, targets: Tensor, *, bos_id: int = 1,
     ``eos_id`` does not match.
 
     Raises:
-        ValueError: the two are not 2-D tensors with the same number of rows.
+        TypeError: either is not an integer tensor.
+        ValueError: either is not 2-D, or their numbers of rows differ.
     """
-    for name, ids in (("translations", translations), ("targets", targets)):
-        if not isinstance(ids, Tensor) or ids.ndim != 2:
-            raise ValueError(f"{name} must be a (B, T) tensor of token ids, got "
-                             + (f"shape {_checks.shape(ids)}" if isinstance(ids, Tensor)
-                                else type(ids).__name__))
+    _checks.check_int_tensor("translations", translations, ndim=2)
+    _checks.check_int_tensor("targets", targets, ndim=2)
     if translations.shape[0] != targets.shape[0]:
         raise ValueError(f"translations and targets must have the same number of rows, got "
                          f"{_checks.shape(translations)} and {_checks.shape(targets)}")

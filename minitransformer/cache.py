@@ -126,8 +126,11 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """The bytes of the stored keys and values: ``2 * layers * B * heads * T * d_head *
-        bytes per number``, with ``T`` = :attr:`seq_len` (or ``max_len``, allocated at once)."""
+        """How many bytes the stored keys and values take.
+
+        That is ``2 * layers * B * heads * T * d_head * bytes per number``, with ``T`` =
+        :attr:`seq_len` (or ``max_len``, allocated at once).
+        """
         return sum(t.numel() * t.element_size()
                    for t in (*self.keys, *self.values) if t is not None)
 

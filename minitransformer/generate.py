@@ -7,8 +7,6 @@ token.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -41,22 +39,15 @@ def sample_next(
         long tensor of shape ``(...)``: the chosen ids, on the logits' device.
 
     Raises:
-        TypeError: ``logits`` is not a floating-point tensor with at least one dimension.
-        ValueError: a negative or non-finite temperature, a ``top_k`` outside ``[1, V]``, or
-            scores holding NaN or ``+inf``, or all ``-inf`` in a row.
+        TypeError: ``logits`` is not a floating-point tensor; ``temperature`` is not a number or
+            ``top_k`` not an int.
+        ValueError: ``logits`` without a dimension, a negative or non-finite temperature, a
+            ``top_k`` outside ``[1, V]``, or scores holding NaN or ``+inf``, or all ``-inf`` in a
+            row.
     """
-    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() == 0:
-        raise TypeError("sample_next expects a floating-point tensor of shape (..., V), got "
-                        + (f"{logits.dtype} of shape {tuple(logits.shape)}"
-                           if isinstance(logits, Tensor) else type(logits).__name__))
+    _checks.check_float_tensor("logits", logits, min_ndim=1)
     vocab_size = logits.shape[-1]
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be 0 (greedy) or a positive number, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                              or not 1 <= top_k <= vocab_size):
-        raise ValueError(f"top_k must be an integer between 1 and the vocabulary size {vocab_size}, "
-                         f"got {top_k!r}")
+    _check_sampling(temperature, top_k, vocab_size)
     if vocab_size == 0:
         raise ValueError(f"logits have an empty vocabulary dimension, shape {tuple(logits.shape)}")
     softmax(logits)  # checks the scores: no NaN or +inf, and no row that is all -inf
@@ -74,6 +65,13 @@ def sample_next(
         return torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
     ids = torch.multinomial(flat, num_samples=1, generator=generator)  # (rows, 1)
     return ids.reshape(logits.shape[:-1])
+
+
+def _check_sampling(temperature: object, top_k: object, vocab_size: int) -> None:
+    """The sampling options of :func:`sample_next` and :func:`generate`, checked the same way."""
+    _checks.check_number("temperature", temperature, low=0.0)
+    if top_k is not None and _checks.check_int("top_k", top_k) > vocab_size:
+        raise ValueError(f"top_k must be at most the vocabulary size {vocab_size}, got {top_k}")
 
 
 @torch.no_grad()
@@ -116,10 +114,7 @@ def generate(
     config = model.config
     _checks.check_token_ids("idx", idx, config.vocab_size, max_len=config.context_length)
     _checks.check_int("max_new_tokens", max_new_tokens, low=0)
-    _checks.check_number("temperature", temperature, low=0.0)
-    if top_k is not None and _checks.check_int("top_k", top_k) > config.vocab_size:
-        raise ValueError(f"top_k must be at most the vocabulary size {config.vocab_size}, "
-                         f"got {top_k}")
+    _check_sampling(temperature, top_k, config.vocab_size)
     total = idx.shape[1] + max_new_tokens
     if total > config.context_length:
         raise ValueError(f"the prompt's {idx.shape[1]} tokens plus max_new_tokens="

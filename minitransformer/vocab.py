@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from minitransformer import _checks
+
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*")
 
 
@@ -110,8 +112,7 @@ def one_hot(indices: Sequence[int], size: int) -> np.ndarray:
     Returns:
         float array of shape ``(n, N)`` with a single 1 in each row, at column ``indices[row]``.
     """
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-        raise ValueError(f"size must be a positive integer, got {size!r}")
+    size = _checks.check_int("size", size)
     ids = np.asarray(indices)
     if ids.ndim != 1:
         raise ValueError(f"indices must be a flat list of ids, got shape {ids.shape}")

@@ -88,8 +88,10 @@ def test_one_hot_rejects_bad_indices_and_sizes():
         one_hot([1, 4], 4)
     with pytest.raises(ValueError, match=r"index -1 is outside"):
         one_hot([-1], 4)
-    with pytest.raises(ValueError, match="size must be a positive integer"):
+    with pytest.raises(ValueError, match="size must be at least 1, got 0"):
         one_hot([0], 0)
+    with pytest.raises(TypeError, match="size must be an int"):
+        one_hot([0], 3.0)
     with pytest.raises(ValueError, match="integers"):
         one_hot([0.5], 3)
     with pytest.raises(ValueError, match="flat list"):

@@ -83,3 +83,19 @@ def test_every_listed_mistake_is_caught_with_its_own_hint(name, capsys):
     for hint, wrong in checker.mistakes.items():
         assert not checker(wrong), f"{name} accepts the mistake it hints at: {hint}"
         assert capsys.readouterr().out.rstrip("\n").endswith(f"Hint: {hint}"), hint
+
+
+CHAPTER_MODULES = sorted(info.name for info in pkgutil.iter_modules(exercises.__path__)
+                         if info.name.startswith("chapter"))
+
+
+@pytest.mark.parametrize("name", CHAPTER_MODULES)
+def test_importing_the_checkers_leaves_the_global_random_state_alone(name):
+    import torch
+
+    module = importlib.import_module(f"{exercises.__name__}.{name}")
+    _ = torch.manual_seed(0)
+    expected = torch.rand(3)
+    _ = torch.manual_seed(0)
+    importlib.reload(module)
+    torch.testing.assert_close(torch.rand(3), expected)

@@ -62,15 +62,6 @@ def test_accepts_the_book_solution(name, capsys):
     assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
 
 
-def test_importing_the_checkers_leaves_the_global_random_state_alone():
-    import importlib
-    _ = torch.manual_seed(0)
-    expected = torch.rand(3)
-    _ = torch.manual_seed(0)
-    importlib.reload(chapter08)
-    torch.testing.assert_close(torch.rand(3), expected)
-
-
 # --- specific wrong answers a learner writes, with the exact line they see -----------------
 
 def test_layer_norm_with_unbiased_variance(capsys):

@@ -68,15 +68,6 @@ def test_accepts_the_book_solution(name, capsys):
     assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
 
 
-def test_importing_the_checkers_leaves_the_global_random_state_alone():
-    import importlib
-    _ = torch.manual_seed(0)
-    expected = torch.rand(3)
-    _ = torch.manual_seed(0)
-    importlib.reload(chapter10)
-    torch.testing.assert_close(torch.rand(3), expected)
-
-
 # --- specific wrong answers a learner writes, with the hint they see ------------------------
 
 def test_queries_from_the_memory(capsys):

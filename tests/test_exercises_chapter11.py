@@ -69,15 +69,6 @@ def test_the_update_checker_agrees_with_the_package_cache():
         torch.testing.assert_close(keys, my_cache_update(cached, new), rtol=0, atol=0)
 
 
-def test_importing_the_checkers_leaves_the_global_random_state_alone():
-    import importlib
-    _ = torch.manual_seed(0)
-    expected = torch.rand(3)
-    _ = torch.manual_seed(0)
-    importlib.reload(chapter11)
-    torch.testing.assert_close(torch.rand(3), expected)
-
-
 # --- specific wrong answers a learner writes, with the hint they see -----------------------
 
 def test_update_with_the_new_keys_first(capsys):

@@ -12,7 +12,7 @@ from minitransformer.attention import (
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.cache import KVCache
 from minitransformer.device import default_device
-from minitransformer.functional import softmax
+from minitransformer.functional import layer_norm, softmax
 from minitransformer.generate import beam_search, generate, sample_next
 from minitransformer.gpt import GPT, GPTConfig
 from minitransformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm
@@ -55,6 +55,7 @@ __all__ = [
     "exact_match",
     "generate",
     "heatmap",
+    "layer_norm",
     "one_hot",
     "padding_mask",
     "positional_encoding_heatmap",

@@ -200,3 +200,25 @@ def factory_kwargs(device: torch.device | str | None,
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     return {"device": device, "dtype": dtype}
+
+
+def check_scores(x: Tensor, dim: int = -1) -> Tensor:
+    """The checks of :func:`~minitransformer.functional.softmax`, which
+    :func:`~minitransformer.generate.sample_next` runs too; returns the largest score of each slice along ``dim`` (``keepdim=True``).
+
+    NaN and ``+inf`` make the largest score NaN or ``+inf``, and a slice of only ``-inf`` makes
+    it ``-inf``: one look at the largest scores finds all three. The scores themselves are
+    searched only to say which it was.
+    """
+    check_float_tensor("x", x)
+    if x.dim() and not -x.dim() <= dim < x.dim():
+        raise ValueError(f"softmax dim {dim} is out of range for a tensor of shape {shape(x)}")
+    if x.dim() and x.shape[dim] == 0:
+        raise ValueError(f"softmax got an empty dimension {dim} in a tensor of shape {shape(x)}")
+    largest = x.amax(dim=dim, keepdim=True)
+    if not bool(torch.isfinite(largest).all()):
+        if torch.isnan(x).any() or torch.isposinf(x).any():
+            raise ValueError("softmax scores must not contain NaN or +inf")
+        raise ValueError(f"softmax got a slice along dim {dim} whose scores are all -inf "
+                         f"(every position masked), in a tensor of shape {shape(x)}")
+    return largest

@@ -1,8 +1,11 @@
-"""Functions on tensors that several modules share: softmax (chapter 5).
+"""Functions on tensors, written as their equations: softmax (chapter 5) and layer norm
+(chapter 8).
 
 Attention (chapters 6-7) and sampling (chapter 5) both turn scores into probabilities; they import
-:func:`softmax` from here, so neither depends on the other. This module also holds the package's
-one import-time side effect, the ``torch.exp`` warm-up at the bottom, with what it fixes.
+:func:`softmax` from here, so neither depends on the other. :func:`layer_norm` is chapter 8's
+equation; the :class:`~minitransformer.layers.LayerNorm` module computes the same with PyTorch's
+fused kernel. This module also holds the package's one import-time side effect, the ``torch.exp``
+warm-up at the bottom, with what it fixes.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from minitransformer._checks import check_float_tensor, shape
+from minitransformer._checks import (check_float_tensor, check_number, check_same_dtype,
+                                     check_scores)
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
@@ -29,19 +33,38 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
         ValueError: a slice along ``dim`` is entirely ``-inf`` (nothing to give probability to),
             or holds NaN or ``+inf``.
     """
-    check_float_tensor("x", x)
-    if torch.isnan(x).any() or torch.isposinf(x).any():
-        raise ValueError("softmax scores must not contain NaN or +inf")
-    if x.dim() and not -x.dim() <= dim < x.dim():
-        raise ValueError(f"softmax dim {dim} is out of range for a tensor of shape {shape(x)}")
-    if x.dim() and x.shape[dim] == 0:
-        raise ValueError(f"softmax got an empty dimension {dim} in a tensor of shape {shape(x)}")
-    largest = x.amax(dim=dim, keepdim=True)
-    if torch.isneginf(largest).any():
-        raise ValueError(f"softmax got a slice along dim {dim} whose scores are all -inf "
-                         f"(every position masked), in a tensor of shape {shape(x)}")
+    largest = check_scores(x, dim)                          # the largest score of each slice
     exps = torch.exp(x - largest)
     return exps / exps.sum(dim=dim, keepdim=True)
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    """Layer normalization (Ba et al., 2016), written as its equation (chapter 8).
+
+    ``(x - mean(x)) / sqrt(var(x) + eps) * weight + bias``, with the mean and the biased
+    variance (divided by ``d_model``, not ``d_model - 1``) taken over the last dimension.
+    Equal to ``F.layer_norm(x, (d_model,), weight, bias, eps)``, PyTorch's fused kernel, which
+    :class:`~minitransformer.layers.LayerNorm` calls: one pass over the numbers instead of five,
+    which matters when a model generates one token at a time (chapter 11).
+
+    Args:
+        x: ``(..., d_model)``.
+        weight, bias: ``(d_model,)``, the scale and the shift (gamma and beta).
+        eps: added to the variance, so that a constant vector does not divide by zero.
+
+    Raises:
+        TypeError: a tensor that is not floating-point, dtypes that differ, ``eps`` not a number.
+        ValueError: ``weight`` or ``bias`` not of shape ``(d_model,)``, ``eps`` not positive.
+    """
+    check_float_tensor("x", x, min_ndim=1)
+    for name, parameter in (("weight", weight), ("bias", bias)):
+        check_float_tensor(name, parameter, ndim=1, last_dim=x.shape[-1])
+    check_same_dtype(x=x, weight=weight, bias=bias)
+    check_number("eps", eps, positive=True)
+    mean = x.mean(dim=-1, keepdim=True)                     # (..., 1)
+    variance = x.var(dim=-1, keepdim=True, correction=0)    # (..., 1)
+    normalized = (x - mean) / torch.sqrt(variance + eps)
+    return normalized * weight + bias
 
 
 # --- The package's one import-time side effect -----------------------------------------------

@@ -50,7 +50,7 @@ def sample_next(
     _check_sampling(temperature, top_k, vocab_size)
     if vocab_size == 0:
         raise ValueError(f"logits have an empty vocabulary dimension, shape {tuple(logits.shape)}")
-    softmax(logits)  # checks the scores: no NaN or +inf, and no row that is all -inf
+    _checks.check_scores(logits)  # as softmax does: no NaN or +inf, no row that is all -inf
     if temperature == 0:
         return logits.argmax(dim=-1)
     # Shift each row's best score to 0 first: dividing by a tiny temperature then cannot overflow.
@@ -74,7 +74,6 @@ def _check_sampling(temperature: object, top_k: object, vocab_size: int) -> None
         raise ValueError(f"top_k must be at most the vocabulary size {vocab_size}, got {top_k}")
 
 
-@torch.no_grad()
 def generate(
     model: nn.Module,
     idx: Tensor,
@@ -93,6 +92,11 @@ def generate(
     layer's keys and values: the prompt goes through the model once (the prefill), then each
     step feeds the model only the newest token. Both give the same tokens. The model runs in
     eval mode (no dropout) and is put back in the mode it was in.
+
+    The loop runs under ``torch.inference_mode()``, which skips more of autograd's bookkeeping
+    than ``torch.no_grad()`` (a cached step, a few small matrix products, is dominated by such
+    overheads); the result is cloned outside it, so it is an ordinary tensor that may take part
+    in training later.
 
     Args:
         model: a language model such as :class:`~minitransformer.gpt.GPT`: ``model(idx)``
@@ -122,8 +126,21 @@ def generate(
                          f"{config.context_length}")
     was_training = model.training
     model.eval()
-    idx = idx.long()
-    cache = KVCache(config.num_layers, max_len=total) if use_cache else None
+    try:
+        with torch.inference_mode():
+            idx = _continue(model, idx.long(), max_new_tokens, use_cache, temperature, top_k,
+                            generator)
+    finally:
+        model.train(was_training)
+    return idx.clone()                           # an ordinary tensor, not an inference tensor
+
+
+def _continue(model: nn.Module, idx: Tensor, max_new_tokens: int, use_cache: bool,
+              temperature: float, top_k: int | None,
+              generator: torch.Generator | None) -> Tensor:
+    """:func:`generate`'s loop, on checked arguments: ``idx`` followed by the new tokens."""
+    total = idx.shape[1] + max_new_tokens
+    cache = KVCache(model.config.num_layers, max_len=total) if use_cache else None
     new = idx                                    # what the model has not seen yet
     for _ in range(max_new_tokens):
         if cache is None:
@@ -134,7 +151,6 @@ def generate(
                               generator=generator)               # (B,)
         new = next_id[:, None]                                   # (B, 1)
         idx = torch.cat([idx, new], dim=1)                       # (B, T + 1)
-    model.train(was_training)
     return idx
 
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from minitransformer import _checks
 from minitransformer.cache import KVCache
-from minitransformer.layers import EncoderLayer, LayerNorm
+from minitransformer.layers import EncoderLayer, LayerNorm, _dropout
 from minitransformer.masks import causal_mask
 from minitransformer.positional import sinusoidal_positional_encoding
 
@@ -175,13 +175,14 @@ class GPT(nn.Module):
         x = self.token_embedding(idx)                                 # (B, T, d_model)
         length = idx.shape[1]
         if self.position_embedding is not None:
-            positions = torch.arange(offset, offset + length, device=idx.device)
-            x = x + self.position_embedding(positions)                # (T, d_model) broadcast
+            # the rows of positions offset, ..., offset + T - 1: the lookup of those positions
+            positions = self.position_embedding.weight[offset: offset + length]
+            x = x + positions                                         # (T, d_model) broadcast
         else:
             encoding = sinusoidal_positional_encoding(length, self.config.d_model, offset=offset,
                                                       device=x.device, dtype=x.dtype)
             x = x + INIT_STD * encoding                               # (T, d_model) broadcast
-        return self.dropout(x)
+        return _dropout(self.dropout, x)
 
     @torch.no_grad()
     def attention_weights(self, idx: Tensor) -> list[Tensor]:

@@ -1,4 +1,7 @@
-"""FeedForward (minitransformer.layers): the feature layer of chapter 4."""
+"""minitransformer.layers: FeedForward (chapter 4), LayerNorm, EncoderLayer and DecoderLayer
+(chapter 8), and the written-out minitransformer.functional.layer_norm."""
+
+import inspect
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minitransformer import (DecoderLayer, EncoderLayer, FeedForward, LayerNorm, SkipModel,
-                             Vocabulary, causal_mask, padding_mask)
+                             Vocabulary, causal_mask, layer_norm, padding_mask)
 
 SENTENCES = ["Check the program log and find out whether it ran please.",
              "Check the battery log and find out whether it ran down please."]
@@ -242,6 +245,54 @@ def test_layer_norm_checks_its_input_and_arguments():
         LayerNorm(4.0)
     with pytest.raises(TypeError, match="positional"):
         LayerNorm(4, 1e-5)
+
+
+# --- layer_norm, the equation written out (chapter 8), against the module's fused kernel ----------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("eps", [1e-5, 1e-2, 0.5])
+def test_written_out_layer_norm_equals_the_modules_fused_kernel(dtype, eps):
+    _ = torch.manual_seed(0)
+    norm = LayerNorm(8, eps=eps, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    x = 3 * torch.randn(2, 5, 8, dtype=dtype) + 1
+    written_out = layer_norm(x, norm.weight, norm.bias, eps)
+    torch.testing.assert_close(written_out, norm(x))
+    torch.testing.assert_close(written_out, F.layer_norm(x, (8,), norm.weight, norm.bias, eps))
+    # a constant vector: the variance is 0 and eps keeps the result at the bias, not NaN
+    constant = layer_norm(torch.full((2, 8), 7.0, dtype=dtype), norm.weight, norm.bias, eps)
+    torch.testing.assert_close(constant, norm.bias.detach().expand(2, 8))
+
+
+def test_written_out_layer_norm_is_the_equation_not_the_fused_kernel():
+    source = inspect.getsource(layer_norm)
+    assert "F.layer_norm" not in source.split('"""')[-1]
+    assert "correction=0" in source and "torch.sqrt(variance + eps)" in source
+
+
+def test_written_out_layer_norm_gradients_equal_pytorchs():
+    _ = torch.manual_seed(0)
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    weight, bias = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    (ours,) = torch.autograd.grad(layer_norm(x, weight, bias).pow(3).sum(), x)
+    (theirs,) = torch.autograd.grad(F.layer_norm(x, (6,), weight, bias).pow(3).sum(), x)
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_written_out_layer_norm_checks_its_arguments():
+    x, w = torch.zeros(3, 4), torch.ones(4)
+    with pytest.raises(ValueError, match=r"weight must have last dimension 4, got shape \(3,\)"):
+        layer_norm(x, torch.ones(3), w)         # would broadcast wrongly or fail deep in torch
+    with pytest.raises(ValueError, match=r"bias must have 1 dimensions, got shape \(1, 4\)"):
+        layer_norm(x, w, torch.ones(1, 4))
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        layer_norm(x.long(), w, w)
+    with pytest.raises(TypeError, match="must have the same dtype"):
+        layer_norm(x.double(), w, w)
+    with pytest.raises(ValueError, match="eps must be positive, got 0"):
+        layer_norm(x, w, w, 0)
 
 
 # --- EncoderLayer and DecoderLayer equal PyTorch's layers ---------------------------------

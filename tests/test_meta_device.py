@@ -127,6 +127,11 @@ def _feed_forward():
     return block, block(randn(2, 3, 8))
 
 
+@case("layer_norm")
+def _layer_norm_function():
+    return mt.layer_norm(randn(2, 3, 8), randn(8), randn(8))
+
+
 @case("LayerNorm")
 def _layer_norm():
     norm = mt.LayerNorm(8, device=CPU)

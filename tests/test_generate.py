@@ -164,6 +164,19 @@ def test_generate_restores_training_mode(gpt):
     gpt.eval()
 
 
+def test_generated_tokens_can_be_trained_on(gpt):
+    # generate runs under inference_mode; a tensor made there cannot be saved for backward
+    # (an embedding lookup saves its ids), so generate must hand back an ordinary tensor
+    for use_cache in (True, False):
+        out = generate(gpt, torch.tensor([[1, 2]]), 4, use_cache=use_cache)
+        assert not out.is_inference()
+        gpt.train()
+        _, loss = gpt(out[:, :-1], out[:, 1:])
+        loss.backward()
+        gpt.zero_grad()
+        gpt.eval()
+
+
 def test_too_many_tokens_for_the_context_is_a_value_error(gpt):
     assert generate(gpt, torch.tensor([[1, 2]]), 10).shape == (1, 12)
     with pytest.raises(ValueError, match="2 tokens plus max_new_tokens=11 make 13, more than "

@@ -38,7 +38,8 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     return exps / exps.sum(dim=dim, keepdim=True)
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor,
+               eps: float = 1e-5) -> Tensor:
     """Layer normalization (Ba et al., 2016), written as its equation (chapter 8).
 
     ``(x - mean(x)) / sqrt(var(x) + eps) * weight + bias``, with the mean and the biased
@@ -56,15 +57,19 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Te
         TypeError: a tensor that is not floating-point, dtypes that differ, ``eps`` not a number.
         ValueError: ``weight`` or ``bias`` not of shape ``(d_model,)``, ``eps`` not positive.
     """
+    _check_layer_norm(x, weight, bias, eps)
+    mean = x.mean(dim=-1, keepdim=True)                     # (..., 1)
+    variance = x.var(dim=-1, keepdim=True, correction=0)    # (..., 1)
+    normalized = (x - mean) / torch.sqrt(variance + eps)
+    return normalized * weight + bias
+
+
+def _check_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> None:
     check_float_tensor("x", x, min_ndim=1)
     for name, parameter in (("weight", weight), ("bias", bias)):
         check_float_tensor(name, parameter, ndim=1, last_dim=x.shape[-1])
     check_same_dtype(x=x, weight=weight, bias=bias)
     check_number("eps", eps, positive=True)
-    mean = x.mean(dim=-1, keepdim=True)                     # (..., 1)
-    variance = x.var(dim=-1, keepdim=True, correction=0)    # (..., 1)
-    normalized = (x - mean) / torch.sqrt(variance + eps)
-    return normalized * weight + bias
 
 
 # --- The package's one import-time side effect -----------------------------------------------

@@ -68,9 +68,15 @@ def test_next_word_probabilities(capsys):
 
 def test_second_order_row(capsys):
     assert check_second_order_row(lambda m, v, a, b: m[v.index(a) * len(v) + v.index(b)])
-    assert capsys.readouterr().out == "✓ all 6 checks passed\n"
+    assert capsys.readouterr().out == "✓ all 7 checks passed\n"
     assert not check_second_order_row(lambda m, v, a, b: m[v.index(b) * len(v) + v.index(a)])
     assert "Hint: the pair is in the wrong order" in capsys.readouterr().out
+    assert not check_second_order_row(lambda m, v, a, b: m[v.index(b)])
+    assert "Hint: that is row `recent` only" in capsys.readouterr().out
+    # multiplying the two indices used to land on row `recent` in the first case, and got the
+    # first-order hint
+    assert not check_second_order_row(lambda m, v, a, b: m[v.index(a) * v.index(b)])
+    assert "Hint: the row is a * N + b, not a * b" in capsys.readouterr().out
     assert not check_second_order_row(lambda m, v, a, b: m[v.index(a) + v.index(b)])
     out = capsys.readouterr().out
     assert out.startswith("✗ case 1: ") and "Hint" not in out

@@ -143,18 +143,24 @@ def _first_order_row(matrix, vocab, earlier, recent):
     return _telling(np.asarray(matrix)[vocab.index(recent)])
 
 
+def _multiplied_indices(matrix, vocab, earlier, recent):
+    return _telling(np.asarray(matrix)[vocab.index(earlier) * vocab.index(recent)])
+
+
 _RAN = ["Check whether the battery ran down please.", "Check whether the program ran please."]
 _VRAN = Vocabulary.from_sentences(_RAN)
 _SRAN = second_order_matrix(_RAN, _VRAN, weights=[0.4, 0.6])
 _SLOOP = second_order_matrix(_LOOP, _VLOOP)
-# (b, c) -> d, but the swapped pair (c, b) -> a and (a, c), row c of the table, -> b
-_BOTH_WAYS = ["b c d", "c b a", "a c b"]
+# The pair (c, b) -> a. Each mistake lands on a different row that holds a different word: the
+# swapped pair (b, c) -> d; row b = 1, the pair (a, b), -> c; row c * b = 2, the pair (a, c), -> b.
+_BOTH_WAYS = ["b c d", "c b a", "a c b", "a b c"]
 _VBOTH = Vocabulary.from_sentences(_BOTH_WAYS)
 _SBOTH = second_order_matrix(_BOTH_WAYS, _VBOTH)
 
 check_second_order_row = Checker(
     reference=_second_order_row,
     cases=[
+        (_SBOTH, _VBOTH, "c", "b"),
         (_SBOTH, _VBOTH, "b", "c"),
         (_SRAN, _VRAN, "battery", "ran"),     # certain: down
         (_SRAN, _VRAN, "program", "ran"),     # certain: please
@@ -167,5 +173,7 @@ check_second_order_row = Checker(
             _swapped_pair,
         "that is row `recent` only, as in a first-order model; a pair (a, b) owns row a * N + b":
             _first_order_row,
+        "the row is a * N + b, not a * b: each earlier word a owns a block of N rows, and b picks "
+        "the row inside the block": _multiplied_indices,
     },
 )

@@ -130,6 +130,20 @@ def test_show_and_difference_are_stable():
     assert difference(np.eye(2), "eye") == "expected an array of numbers but got str"
 
 
+def test_tuples_of_arrays_are_compared_value_by_value_not_stacked():
+    a = np.arange(3.0)
+    # returning two results where one array is expected used to read "expected shape (3,) but got
+    # shape (2, 3)", because numpy stacked the tuple
+    assert difference(a, (a, a)) == ("expected an array of shape (3,) but got a tuple of 2 values "
+                                     "(return one result, not several)")
+    assert difference((a, a), a) == "expected a tuple of 2 values but got an array of shape (3,)"
+    assert difference((a, a), (a,)) == "expected a tuple of 2 values but got a tuple of 1 value"
+    assert difference((a, a), (a, torch.tensor([0.0, 1.0, 5.0]))) == (
+        "value 1 of the tuple: values differ")
+    assert difference((a, 2), (torch.tensor([0.0, 1.0, 2.0]), 2.0)) is None
+    assert difference(a, (0.0, 1.0, 2.0)) is None          # a tuple of numbers is still an array
+
+
 def test_a_known_mistake_that_raises_the_same_error_adds_its_hint(capsys):
     def rows_as_columns(table, ids):
         return np.asarray(table)[:, ids]

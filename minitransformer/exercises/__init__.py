@@ -162,6 +162,8 @@ def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-
     and equal values within the tolerances; other values must compare equal. NaN never equals
     anything unless ``equal_nan`` (used to compare two wrong answers with each other).
     """
+    if _holds_arrays(expected) or _holds_arrays(got):
+        return _tuple_difference(expected, got, atol=atol, rtol=rtol, equal_nan=equal_nan)
     got_type = type(got).__name__
     expected, got = _to_numpy(expected), _to_numpy(got)
     if isinstance(expected, np.ndarray):
@@ -203,6 +205,34 @@ def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-
     except Exception:  # a comparison that itself fails counts as a difference
         same = False
     return None if same else "values differ"
+
+
+def _holds_arrays(value: Any) -> bool:
+    """A tuple with an array or tensor in it: several results, not one array to stack."""
+    return isinstance(value, tuple) and any(getattr(v, "ndim", 0) >= 1 for v in value)
+
+
+def _values(count: int) -> str:
+    return f"{count} value" if count == 1 else f"{count} values"
+
+
+def _tuple_difference(expected: Any, got: Any, **tolerances: Any) -> str | None:
+    """:func:`difference` for results that are tuples of arrays, one value at a time."""
+    if not isinstance(expected, tuple):
+        shown = f"an array of shape {tuple(np.shape(_to_numpy(expected)))}" \
+            if isinstance(_to_numpy(expected), np.ndarray) else show(expected)
+        return (f"expected {shown} but got a tuple of {_values(len(got))} (return one result, "
+                f"not several)")
+    if not isinstance(got, tuple) or len(got) != len(expected):
+        what = f"a tuple of {_values(len(got))}" if isinstance(got, tuple) else (
+            f"an array of shape {tuple(np.shape(_to_numpy(got)))}"
+            if isinstance(_to_numpy(got), np.ndarray) else type(got).__name__)
+        return f"expected a tuple of {_values(len(expected))} but got {what}"
+    for i, (want, have) in enumerate(zip(expected, got)):
+        problem = difference(want, have, **tolerances)
+        if problem is not None:
+            return f"value {i} of the tuple: {problem}"
+    return None
 
 
 def first_difference(expected: Any, got: Any, *, atol: float = 1e-6,

@@ -39,8 +39,9 @@ bench: $(STAMP)
 		echo "== $$script"; $(BIN)/python $$script || exit 1; \
 	done
 
+# Jupyter refuses to run as root without --allow-root (containers often run as root).
 lab: $(STAMP)
-	$(BIN)/jupyter lab book
+	$(BIN)/jupyter lab book $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Fresh kernel per notebook, timing metadata off: an unchanged notebook stays byte-identical.
 # NB=book/01_one_hot_and_dot_products.ipynb re-executes a single chapter.

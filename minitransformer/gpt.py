@@ -25,9 +25,11 @@ POSITIONAL = ("learned", "sinusoidal")
 INIT_STD = 0.02  # GPT-2's: every weight starts normal with this standard deviation
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
-    """The sizes of a :class:`GPT`.
+    """The sizes of a :class:`GPT`. Frozen: a model is built from its config, so changing a field
+    afterwards would describe another model; ``dataclasses.replace(config, dropout=0.1)`` makes a
+    new, checked config instead.
 
     Args:
         vocab_size: the number of tokens N.
@@ -60,7 +62,7 @@ class GPTConfig:
             _checks.check_int(name, getattr(self, name))
         _checks.check_divisible(self.d_model, self.num_heads)
         if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
+            object.__setattr__(self, "d_ff", 4 * self.d_model)    # frozen: set once, here
         _checks.check_int("d_ff", self.d_ff)
         _checks.check_probability("dropout", self.dropout)
         _checks.check_choice("positional", self.positional, POSITIONAL)

@@ -1,5 +1,6 @@
 """The small GPT (minitransformer.gpt, chapter 9): shapes, causality, initial loss, errors."""
 
+import dataclasses
 import math
 
 import pytest
@@ -52,13 +53,22 @@ def test_loss_is_the_cross_entropy_of_the_logits(model):
     torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, 11), targets.flatten()))
 
 
+def test_config_is_frozen_and_replace_checks_again():
+    config = GPTConfig(vocab_size=47, context_length=32, num_layers=2, num_heads=4, d_model=64)
+    assert config.d_ff == 256
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.num_heads = 3                       # would no longer divide d_model, unchecked
+    with pytest.raises(ValueError, match="divisible"):
+        dataclasses.replace(config, num_heads=3)
+    assert dataclasses.replace(config, dropout=0.1).dropout == 0.1
+
+
 def test_initial_loss_is_about_ln_vocab_size():
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=47, context_length=32, num_layers=2, num_heads=4, d_model=64)
     idx, targets = torch.randint(47, (2, 16, 32))
     for positional in ("learned", "sinusoidal"):
-        config.positional = positional
-        _, loss = GPT(config)(idx, targets)
+        _, loss = GPT(dataclasses.replace(config, positional=positional))(idx, targets)
         assert abs(loss.item() - math.log(47)) < 0.5, positional
 
 

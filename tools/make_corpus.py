@@ -5,9 +5,11 @@ order, so a new chapter simply joins in; chapter 12 itself is left out), and kee
 English prose: code blocks, maths, MyST directives' markup, roles, labels, comments, tables,
 HTML and images are removed; link texts, headings, list items and the text inside
 admonitions and exercises stay. So that the
-sentences still read, a name in backticks (`make book`) and short maths that reads as text
-($T$, $d_\text{model}$, $n^2$) keep their words; longer code and maths are dropped. Paragraphs
-become single lines separated by a blank line. The output depends only on the input files.
+sentences still read, code in backticks keeps what reads as words: a name (`make book`), the
+name of a call (`generate(model, idx)` becomes generate), a shape (`(B, T, d_model)`) and a
+special token (`<eos>`); short maths keeps its text ($T$, $d_\text{model}$, $e^{z_j - z_k}$
+becomes e^(z_j - z_k), $\tau$ becomes τ). Longer code and maths are dropped. Paragraphs become
+single lines separated by a blank line. The output depends only on the input files.
 
     python tools/make_corpus.py            # writes book/data/corpus.txt
     python tools/make_corpus.py -o FILE    # writes FILE ("-" for standard output)
@@ -18,8 +20,8 @@ Standard library only, so it runs before the package is installed.
 from __future__ import annotations
 
 import argparse
-import json
 import functools
+import json
 import re
 from pathlib import Path
 
@@ -43,18 +45,32 @@ FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,}|:{3,})\s*(?P<info>.*)
 DIRECTIVE = re.compile(r"^\{(?P<name>[\w-]+)\}")
 ROLE = re.compile(r"\{(?P<name>[\w:-]+)\}`(?P<text>[^`]*)`")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
-DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.S)
+DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.DOTALL)
 INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\s)(?P<tex>[^$\n]+?)(?<!\s)\$(?!\d)")
-LATEX_ENV = re.compile(r"\\begin\{(?P<env>[\w*]+)\}.*?\\end\{(?P=env)\}", re.S)
+LATEX_ENV = re.compile(r"\\begin\{(?P<env>[\w*]+)\}.*?\\end\{(?P=env)\}", re.DOTALL)
 IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
 LINK = re.compile(r"\[(?P<text>[^\]]+)\]\((?P<url>[^)]*)\)")
 FOOTNOTE = re.compile(r"\[\^[^\]]+\]")
-HTML = re.compile(r"<!--.*?-->|</?[A-Za-z][^>\n]*>", re.S)
+HTML = re.compile(r"<!--.*?-->|</?[A-Za-z][^>\n]*>", re.DOTALL)
 EMPHASIS = re.compile(r"(\*\*|__|\*|(?<!\w)_)(?=\S)(?P<text>.+?)(?<=\S)\1(?!\w)")
 LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 TEX_SYMBOLS = {"times": "×", "cdot": "·", "leq": "≤", "le": "≤", "geq": "≥", "ge": "≥",
-               "infty": "∞", "pm": "±", "ldots": "...", "dots": "...", "approx": "≈",
-               "to": "→", "top": "ᵀ"}
+               "infty": "∞", "pm": "±", "ldots": "…", "dots": "…", "approx": "≈",
+               "to": "→", "top": "ᵀ", "odot": "⊙", "partial": "∂", "circ": "°",
+               "lVert": "‖", "rVert": "‖", "alpha": "α", "beta": "β", "gamma": "γ",
+               "delta": "δ", "Delta": "Δ", "epsilon": "ε", "varepsilon": "ε", "theta": "θ",
+               "lambda": "λ", "mu": "μ", "sigma": "σ", "tau": "τ", "omega": "ω", "ell": "ℓ",
+               "ln": "ln", "log": "log", "exp": "exp", "sin": "sin", "cos": "cos",
+               "tanh": "tanh", "max": "max", "min": "min", "big": "", "Big": "",
+               "left": "", "right": ""}
+NAME = re.compile(r"[A-Za-z_][\w.\-]*(?: [\w.\-]+){0,2}")
+CALL = re.compile(r"\.?(?P<name>[A-Za-z_][\w.]*)\(.*\)")
+_ITEM = r"(?:\.\.\.|[\w.]+(?: [-+*] [\w.]+)*)"
+SHAPE = re.compile(rf"\({_ITEM}(?:, {_ITEM})*,?\)")
+SPECIAL_TOKEN = re.compile(r"<[a-z]+>")
+# A special token such as <eos> is hidden from the HTML filter while a paragraph is cleaned.
+ANGLES = str.maketrans("<>", "\ue000\ue001")
+UNANGLES = str.maketrans("\ue000\ue001", "<>")
 SKIP_LINE = re.compile(r"^\s*(?:\(.+\)=\s*$|%|:[\w-]+:|\||-{3,}\s*$|\*{3,}\s*$|={3,}\s*$)")
 
 
@@ -122,7 +138,8 @@ def strip_inline(text: str) -> str:
     text = re.sub(r"([,;:])(?:\s*[,;:])+", r"\1", text)  # what was left around removed code
     text = re.sub(r"\(\s*[,;:]?\s*\)", "", text)
     text = re.sub(r"[,;:]([.!?])", r"\1", text)
-    return re.sub(r" {2,}", " ", text).strip()
+    text = re.sub(r" ([,.;:!?)])", r"\1", text)  # again, where a removed ( ) stood
+    return re.sub(r" {2,}", " ", text).strip().translate(UNANGLES)
 
 
 def _role_text(match: re.Match) -> str:
@@ -145,26 +162,43 @@ def titles(book: Path = BOOK) -> dict[str, str]:
         if path.suffix == ".ipynb":
             text = "\n".join("".join(cell["source"]) for cell in json.loads(text)["cells"]
                              if cell["cell_type"] == "markdown")
-        heading = re.search(r"^#\s+(.+)$", text, re.M)
+        heading = re.search(r"^#\s+(.+)$", text, re.MULTILINE)
         if heading:
             found[path.stem] = heading[1].strip()
     return found
 
 
 def _code_text(match: re.Match) -> str:
-    """A name in backticks (`minitransformer`, `make book`) reads as a word; other code goes."""
+    """Code in backticks that reads as words stays: a name (`minitransformer`, `make book`),
+    the name of a call (`generate(model, idx)`), a shape (`(B, T, d_model)`), a special token
+    (`<eos>`). Other code goes."""
     code = match[2].strip()
-    return code if re.fullmatch(r"[A-Za-z_][\w.\-]*(?: [\w.\-]+){0,2}", code) \
-        and len(code) <= 40 else " "
+    if NAME.fullmatch(code) and len(code) <= 40:
+        return code
+    call = CALL.fullmatch(code)
+    if call:
+        return call["name"]
+    if SPECIAL_TOKEN.fullmatch(code):
+        return code.translate(ANGLES)
+    return code if SHAPE.fullmatch(code) and len(code) <= 40 else " "
 
 
 def _math_text(match: re.Match) -> str:
-    """Short maths that reads as text ($T$, $d_\\text{model}$, $n^2$, $T \\times d_k$) stays,
-    with the LaTeX taken out; anything else is dropped."""
+    """Short maths that reads as text ($T$, $d_\\text{model}$, $n^2$, $T \\times d_k$, $\\tau$)
+    stays, with the LaTeX taken out; anything else is dropped."""
     tex = re.sub(r"\\(?:text|mathrm|mathbf|mathit|operatorname)\{([^{}]*)\}", r"\1",
                  match["tex"])
+    tex = re.sub(r"\\sqrt\s*\{(\w+)\}|\\sqrt\s*(\w+)", lambda m: "√" + (m[1] or m[2]), tex)
     tex = re.sub(r"\\([A-Za-z]+)", lambda m: TEX_SYMBOLS.get(m[1], m[0]), tex)
-    tex = re.sub(r"\\[,;!: ]", " ", tex).replace("{", "").replace("}", "")
+    tex = re.sub(r"\\[,;!: ]", " ", tex)
+    while True:  # a sub- or superscript of more than one word keeps its grouping: e^(z_j - z_k)
+        grouped = re.sub(r"([\^_])\{([^{}]*)\}",
+                         lambda m: m[1] + (m[2] if re.fullmatch(r"[\w.]+|.", m[2])
+                                           else f"({m[2]})"), tex)
+        if grouped == tex:
+            break
+        tex = grouped
+    tex = tex.replace("{", "").replace("}", "")
     tex = re.sub(r"\s+", " ", tex).strip()
     return tex if "\\" not in tex and len(tex) <= 24 else " "
 

@@ -242,6 +242,13 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = x.shape
         return x.transpose(1, 2).reshape(batch, length, self.d_model)
 
+    def project_kv(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values :meth:`attend` reads, projected and split into heads:
+        ``(B, T_k, d_model)`` each -> two ``(B, num_heads, T_k, d_k)``. A decoder's
+        cross-attention reads the same source at every step, so it can project it once and pass
+        the pair to :meth:`attend` as ``projected_kv`` (chapter 10). Unchecked."""
+        return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
+
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor,
                      attn_mask: Tensor | None = None, past: int = 0) -> None:
         """Validate :meth:`forward`'s arguments (``key`` and ``value`` already filled in);
@@ -304,16 +311,17 @@ class MultiHeadAttention(nn.Module):
         return self.attend(query, key, value, attn_mask=attn_mask, return_weights=return_weights,
                            kv_cache=kv_cache, layer_idx=layer_idx)
 
-    def attend(self, query: Tensor, key: Tensor, value: Tensor, *,
+    def attend(self, query: Tensor, key: Tensor | None, value: Tensor | None, *,
                attn_mask: Tensor | None = None, return_weights: bool = False,
-               kv_cache: KVCache | None = None,
-               layer_idx: int = 0) -> Tensor | tuple[Tensor, Tensor]:
+               kv_cache: KVCache | None = None, layer_idx: int = 0,
+               projected_kv: tuple[Tensor, Tensor] | None = None,
+               ) -> Tensor | tuple[Tensor, Tensor]:
         """:meth:`forward` without validation: the path layers and models call.
 
         A model validates its input once in its own ``forward`` and then calls its layers'
         ``attend`` on every step, so that no input is checked twice. Arguments and results as for
-        :meth:`forward`, but ``key`` and ``value`` must be given, and bad input gives PyTorch's
-        errors (or a wrong result) instead of ours.
+        :meth:`forward`, but ``key`` and ``value`` must be given (unless ``projected_kv`` is), and
+        bad input gives PyTorch's errors (or a wrong result) instead of ours.
 
         Without weights, the heads go through PyTorch's fused kernel
         ``F.scaled_dot_product_attention``; with ``return_weights=True`` through the written-out
@@ -322,10 +330,18 @@ class MultiHeadAttention(nn.Module):
 
         With a ``kv_cache``, only the new positions are projected; their keys and values join
         the cached ones (chapter 11).
+
+        ``projected_kv``: the keys and values already projected and split into heads, each
+        ``(B, num_heads, T_k, d_k)`` (from :meth:`project_kv`); they are read instead of
+        ``key`` and ``value``, which may then be ``None``. A decoder's cross-attention projects
+        the source once per sentence this way (chapter 10).
         """
         q = self.split_heads(self.q_proj(query))     # (B, h, T_q, d_k)
-        k = self.split_heads(self.k_proj(key))       # (B, h, T_k, d_k)
-        v = self.split_heads(self.v_proj(value))     # (B, h, T_k, d_k)
+        if projected_kv is None:
+            k = self.split_heads(self.k_proj(key))   # (B, h, T_k, d_k)
+            v = self.split_heads(self.v_proj(value))
+        else:
+            k, v = projected_kv
         if kv_cache is not None:
             k, v = kv_cache.update(layer_idx, k, v)  # (B, h, T_cached + T_k, d_k)
         dropout_p = self.dropout if self.training else 0.0

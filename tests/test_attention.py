@@ -619,3 +619,42 @@ def test_mha_dropout_paths_both_drop_in_training():
     expected = mha.eval()(x)
     torch.testing.assert_close(fused, expected, atol=0.05, rtol=0)
     torch.testing.assert_close(written, expected, atol=0.05, rtol=0)
+
+
+# --- attend with keys and values already projected (a decoder's cross-attention, chapter 10) --
+
+def test_mha_project_kv_is_the_projection_attend_makes():
+    mha = MultiHeadAttention(D_MODEL, HEADS)
+    key, value = torch.randn(2, 7, D_MODEL), torch.randn(2, 7, D_MODEL)
+    keys, values = mha.project_kv(key, value)
+    assert keys.shape == values.shape == (2, HEADS, 7, D_MODEL // HEADS)   # (B, h, T_k, d_k)
+    torch.testing.assert_close(keys, mha.split_heads(mha.k_proj(key)), rtol=0, atol=0)
+    torch.testing.assert_close(values, mha.split_heads(mha.v_proj(value)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "written-out"])
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_mha_attend_with_projected_kv_equals_attend_with_key_and_value(mode, return_weights):
+    """The projected keys and values are read instead of key and value (passed as None here),
+    and nothing else changes: in training the dropout draws line up under the same seed."""
+    _ = torch.manual_seed(0)
+    mha = MultiHeadAttention(D_MODEL, HEADS, dropout=0.3).train(mode == "train")
+    x, memory = torch.randn(2, 5, D_MODEL), torch.randn(2, 7, D_MODEL)
+    mask = padding_mask(torch.tensor([[1, 2, 3, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]]), 0)
+    projected = mha.project_kv(memory, memory)
+
+    def run(seed, key, value, **kwargs):
+        _ = torch.manual_seed(seed)
+        result = mha.attend(x, key, value, attn_mask=mask, return_weights=return_weights,
+                            **kwargs)
+        return result if return_weights else (result,)
+
+    expected = run(1, memory, memory)
+    got = run(1, None, None, projected_kv=projected)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    if mode == "train":                       # the draws matter: another seed, another output
+        assert not torch.equal(run(2, None, None, projected_kv=projected)[0], expected[0])
+    else:
+        other = mha.project_kv(torch.randn(2, 7, D_MODEL), memory)
+        assert not torch.allclose(run(1, memory, memory, projected_kv=other)[0], expected[0])

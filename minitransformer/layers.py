@@ -20,7 +20,7 @@ LayerNorm          ``normalize(x)``
 FeedForward        ``transform(x)``
 EncoderLayer       ``encode(x, *, attn_mask=None, kv_cache=None, layer_idx=0)``
 DecoderLayer       ``decode(x, memory, *, tgt_mask=None, memory_mask=None, kv_cache=None,
-                   layer_idx=0)``
+                   layer_idx=0, memory_kv=None, return_cross_weights=False)``
 =================  ===========================================================================
 
 The unchecked methods call each other and
@@ -28,7 +28,9 @@ The unchecked methods call each other and
 model that has checked its own input (a GPT, an encoder-decoder) calls
 ``layer.encode``/``layer.decode`` on the same footing. Chapter 11's KV cache is one more
 keyword of ``encode``/``decode`` (with the layer's slot, ``layer_idx``), passed on to the
-self-attention; a decoder's cross-attention never appends to it.
+self-attention; a decoder's cross-attention never appends to it. Instead, a model that
+generates projects each source once and passes the cross-attention keys and values to
+``decode`` as ``memory_kv`` (chapter 10).
 
 Masks are boolean with True = may attend (or additive floating masks of 0 and -inf), broadcast
 to the scores ``(B, num_heads, T_q, T_k)``. PyTorch's transformer layers use the opposite
@@ -415,19 +417,35 @@ class DecoderLayer(nn.Module):
         return self.decode(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
                            kv_cache=kv_cache, layer_idx=layer_idx)
 
-    def decode(self, x: Tensor, memory: Tensor, *, tgt_mask: Tensor | None = None,
+    def decode(self, x: Tensor, memory: Tensor | None, *, tgt_mask: Tensor | None = None,
                memory_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-               layer_idx: int = 0) -> Tensor:
-        """:meth:`forward` without the input checks, for callers that checked already."""
+               layer_idx: int = 0, memory_kv: tuple[Tensor, Tensor] | None = None,
+               return_cross_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`forward` without the input checks, for callers that checked already.
+
+        Two more keywords, for generating (chapter 10):
+
+        * ``memory_kv``: the cross-attention's keys and values of ``memory``, already projected
+          and split into heads, ``multihead_attn.project_kv(memory, memory)``, each
+          ``(B, num_heads, T_k, d_k)``. They are read instead of ``memory`` (which may then be
+          ``None``), so a translation projects its source once, not at every step.
+        * ``return_cross_weights``: also return the cross-attention weights
+          ``(B, num_heads, T, T_k)``, as the pair ``(output, weights)``; the heads then go
+          through the written-out attention (see
+          :meth:`~minitransformer.attention.MultiHeadAttention.attend`).
+        """
+        if memory_kv is None:
+            memory_kv = self.multihead_attn.project_kv(memory, memory)  # 2 x (B, h, T_k, d_k)
+        weights = [] if return_cross_weights else None        # the cross-attention's, if asked
         if self.norm_first:
             x = x + self._self_attention(self.norm1.normalize(x), tgt_mask, kv_cache, layer_idx)
-            x = x + self._cross_attention(self.norm2.normalize(x), memory, memory_mask)
+            x = x + self._cross_attention(self.norm2.normalize(x), memory_kv, memory_mask, weights)
             x = x + self._feed_forward(self.norm3.normalize(x))
         else:
             x = self.norm1.normalize(x + self._self_attention(x, tgt_mask, kv_cache, layer_idx))
-            x = self.norm2.normalize(x + self._cross_attention(x, memory, memory_mask))
+            x = self.norm2.normalize(x + self._cross_attention(x, memory_kv, memory_mask, weights))
             x = self.norm3.normalize(x + self._feed_forward(x))
-        return x
+        return (x, weights[0]) if return_cross_weights else x
 
     def _self_attention(self, x: Tensor, mask: Tensor | None, kv_cache: KVCache | None = None,
                         layer_idx: int = 0) -> Tensor:
@@ -435,9 +453,16 @@ class DecoderLayer(nn.Module):
                                                              kv_cache=kv_cache,
                                                              layer_idx=layer_idx))
 
-    def _cross_attention(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
-        return _dropout(self.dropout2,
-                        self.multihead_attn.attend(x, memory, memory, attn_mask=mask))
+    def _cross_attention(self, x: Tensor, memory_kv: tuple[Tensor, Tensor],
+                         mask: Tensor | None, weights: list[Tensor] | None) -> Tensor:
+        """The cross-attention sub-layer; appends its weights to ``weights`` if that is a list."""
+        if weights is None:
+            out = self.multihead_attn.attend(x, None, None, attn_mask=mask, projected_kv=memory_kv)
+        else:
+            out, w = self.multihead_attn.attend(x, None, None, attn_mask=mask,
+                                                projected_kv=memory_kv, return_weights=True)
+            weights.append(w)
+        return _dropout(self.dropout2, out)
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         return _dropout(self.dropout3, self.feed_forward.transform(x))

@@ -2,6 +2,7 @@
 (chapter 8), and the written-out minitransformer.functional.layer_norm."""
 
 import inspect
+import math
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from torch import nn
 
 from minitransformer import (DecoderLayer, EncoderLayer, FeedForward, LayerNorm, SkipModel,
                              Vocabulary, causal_mask, layer_norm, padding_mask)
+from minitransformer.cache import KVCache
 
 SENTENCES = ["Check the program log and find out whether it ran please.",
              "Check the battery log and find out whether it ran down please."]
@@ -612,6 +614,91 @@ def test_inputs_are_checked_once_and_the_unchecked_path_checks_nothing(monkeypat
     calls.clear()
     EncoderLayer(D_MODEL, HEADS, D_FF).encode(x, attn_mask=mask)
     assert calls == []
+
+
+# --- DecoderLayer.decode with the cross-attention keys and values projected once (chapter 10) --
+
+def decoder_with_random_norms(norm_first, dropout=0.0):
+    """A decoder layer whose three norms are not ones and zeros, so that where they sit shows."""
+    _ = torch.manual_seed(0)
+    layer = DecoderLayer(D_MODEL, HEADS, D_FF, dropout=dropout, norm_first=norm_first)
+    with torch.no_grad():
+        for norm in (layer.norm1, layer.norm2, layer.norm3):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    return layer
+
+
+DECODER_MASKS = {"tgt_mask": causal_mask(T), "memory_mask": padding_mask(SOURCE, PAD)}
+
+
+@NORM_ORDERS
+@pytest.mark.parametrize("mode, dropout", [("eval", 0.0), ("eval", 0.3), ("train", 0.0),
+                                           ("train", 0.3)])
+def test_decode_with_memory_kv_equals_decode_with_memory(norm_first, mode, dropout):
+    """memory_kv is read instead of memory (a memory of zeros is passed alongside), through the
+    same block: post-norm as well as pre-norm, and in training the dropout draws line up."""
+    layer = decoder_with_random_norms(norm_first, dropout).train(mode == "train")
+    x, memory = torch.randn(B, T, D_MODEL), torch.randn(B, T_MEMORY, D_MODEL)
+    memory_kv = layer.multihead_attn.project_kv(memory, memory)
+
+    def run(seed, memory, **kwargs):
+        _ = torch.manual_seed(seed)
+        return layer.decode(x, memory, **DECODER_MASKS, **kwargs)
+
+    expected = run(1, memory)
+    torch.testing.assert_close(run(1, torch.zeros_like(memory), memory_kv=memory_kv), expected,
+                               rtol=0, atol=0)
+    if mode == "train" and dropout > 0:         # the draws matter: another seed, another output
+        assert not torch.allclose(run(2, torch.zeros_like(memory), memory_kv=memory_kv),
+                                  expected)
+
+
+@NORM_ORDERS
+def test_decode_with_memory_kv_and_a_cache_equals_the_full_pass(norm_first):
+    """One new token at a time, self-attention keys and values cached, the memory's projected
+    once: the same output as the whole target at once."""
+    layer = decoder_with_random_norms(norm_first).eval()
+    x, memory = torch.randn(B, T, D_MODEL), torch.randn(B, T_MEMORY, D_MODEL)
+    full = layer.decode(x, memory, **DECODER_MASKS)
+    memory_kv = layer.multihead_attn.project_kv(memory, memory)
+    cache = KVCache(1)
+    steps = [layer.decode(x[:, t:t + 1], torch.zeros_like(memory), kv_cache=cache,
+                          memory_mask=DECODER_MASKS["memory_mask"], memory_kv=memory_kv)
+             for t in range(T)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-6)
+
+
+def written_out_cross_attention_weights(layer, x, memory):
+    """softmax(q k^T / sqrt(d_k)) over the real source positions, q read from the block's state
+    after its self-attention (normalized first in pre-norm, after in post-norm)."""
+    attn, causal = layer.multihead_attn, DECODER_MASKS["tgt_mask"]
+    if layer.norm_first:
+        query = layer.norm2(x + layer.self_attn(layer.norm1(x), attn_mask=causal))
+    else:
+        query = layer.norm1(x + layer.self_attn(x, attn_mask=causal))
+    q = attn.split_heads(attn.q_proj(query))                         # (B, h, T, d_k)
+    k = attn.split_heads(attn.k_proj(memory))                        # (B, h, T_src, d_k)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(D_MODEL // HEADS)   # (B, h, T, T_src)
+    hidden = ~DECODER_MASKS["memory_mask"]
+    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+
+
+@NORM_ORDERS
+@pytest.mark.parametrize("projected", [False, True], ids=["memory", "memory_kv"])
+def test_decode_returns_the_cross_attention_weights_it_used(norm_first, projected):
+    layer = decoder_with_random_norms(norm_first).eval()
+    x, memory = torch.randn(B, T, D_MODEL), torch.randn(B, T_MEMORY, D_MODEL)
+    kwargs = {"memory_kv": layer.multihead_attn.project_kv(memory, memory)} if projected else {}
+    output, weights = layer.decode(x, memory, **DECODER_MASKS, return_cross_weights=True,
+                                   **kwargs)
+    torch.testing.assert_close(output, layer.decode(x, memory, **DECODER_MASKS))
+    torch.testing.assert_close(weights, written_out_cross_attention_weights(layer, x, memory))
+    assert weights.shape == (B, HEADS, T, T_MEMORY)
+    real = SOURCE != PAD                                             # (B, T_src)
+    assert torch.all(weights.permute(0, 3, 1, 2)[~real] == 0)       # padding: exactly 0
+    assert torch.all(weights.permute(0, 3, 1, 2)[real] > 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, HEADS, T))
 
 
 # --- the measurements of chapter 8 (book/08_transformer_blocks.ipynb) -----------------------

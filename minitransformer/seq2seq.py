@@ -17,7 +17,6 @@ Beam search, the alternative to greedy decoding, is
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +24,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minitransformer import _checks
-from minitransformer.attention import MultiHeadAttention
 from minitransformer.cache import KVCache
 from minitransformer.layers import DecoderLayer, EncoderLayer, LayerNorm
 from minitransformer.masks import causal_mask, padding_mask
@@ -278,12 +276,16 @@ class Seq2Seq(nn.Module):
     def cross_attention_weights(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
         """Every decoder layer's cross-attention weights when the decoder reads ``tgt_in``:
         a list of ``num_layers`` tensors ``(B, num_heads, T_tgt, T_src)``; row = target
-        position (query), column = source position (key). Padding columns are exactly 0."""
+        position (query), column = source position (key). Padding columns are exactly 0.
+        Computed in eval mode (the mode is restored), as in :meth:`translate`."""
         self._check_src(src)
         self._check_tgt("tgt_in", tgt_in, src)
+        was_training = self.training
+        self.eval()
         mask = padding_mask(src, self.config.pad_id)
         weights: list[Tensor] = []
         self._decode(tgt_in, self._encode(src, mask), mask, weights=weights)
+        self.train(was_training)
         return weights
 
     # --- generation: encode once, then one step at a time -------------------------------------
@@ -301,8 +303,7 @@ class Seq2Seq(nn.Module):
         """Each decoder layer's cross-attention keys and values of ``memory``, split into heads:
         ``num_layers`` pairs of ``(B, num_heads, T_src, d_k)``. They depend on the source only,
         so a translation needs them once, however many tokens it writes. Unchecked."""
-        return [(attn.split_heads(attn.k_proj(memory)), attn.split_heads(attn.v_proj(memory)))
-                for attn in (layer.multihead_attn for layer in self.decoder_layers)]
+        return [layer.multihead_attn.project_kv(memory, memory) for layer in self.decoder_layers]
 
     def next_token_logits(self, tgt_in: Tensor, source: SourceMemory, *,
                           kv_cache: KVCache | None = None) -> Tensor:
@@ -332,12 +333,13 @@ class Seq2Seq(nn.Module):
         # lower right: the new positions are the last of past + length; one sees them all
         causal = causal_mask(length, past + length, device=tgt_in.device) if length > 1 else None
         for i, layer in enumerate(self.decoder_layers):
-            if keys_values is None and weights is None:
-                y = layer.decode(y, memory, tgt_mask=causal, memory_mask=mask, kv_cache=kv_cache,
-                                 layer_idx=i)
-            else:
-                kv = keys_values[i] if keys_values is not None else None
-                y = _decoder_block(layer, y, memory, kv, causal, mask, weights, kv_cache, i)
+            memory_kv = None if keys_values is None else keys_values[i]
+            y = layer.decode(y, memory, tgt_mask=causal, memory_mask=mask, kv_cache=kv_cache,
+                             layer_idx=i, memory_kv=memory_kv,
+                             return_cross_weights=weights is not None)
+            if weights is not None:
+                y, layer_weights = y
+                weights.append(layer_weights)                        # (B, h, T_tgt, T_src)
         return self.head(self.decoder_norm.normalize(y))             # (B, T_tgt, N)
 
     def _embed(self, ids: Tensor, tokens: nn.Embedding, positions: nn.Embedding, *,
@@ -368,42 +370,6 @@ class Seq2Seq(nn.Module):
             raise ValueError(f"max_new_tokens={max_new_tokens} plus <bos> needs "
                              f"{max_new_tokens + 1} positions, more than context_length="
                              f"{self.config.context_length}")
-
-
-def _decoder_block(layer: DecoderLayer, y: Tensor, memory: Tensor,
-                   keys_values: tuple[Tensor, Tensor] | None, tgt_mask: Tensor | None,
-                   mask: Tensor, weights: list[Tensor] | None, kv_cache: KVCache | None = None,
-                   layer_idx: int = 0) -> Tensor:
-    """``layer.decode`` (pre-norm), with the cross-attention's keys and values given already
-    projected, and its weights appended to ``weights`` when that is a list; the
-    self-attention appends to slot ``layer_idx`` of ``kv_cache`` when one is given."""
-    h = layer.norm1.normalize(y)
-    y = y + layer.dropout1(layer.self_attn.attend(h, h, h, attn_mask=tgt_mask, kv_cache=kv_cache,
-                                                  layer_idx=layer_idx))
-    attn = layer.multihead_attn
-    key, value = keys_values or (attn.split_heads(attn.k_proj(memory)),  # (B, h, T_src, d_k)
-                                 attn.split_heads(attn.v_proj(memory)))
-    y = y + layer.dropout2(cross_attention(attn, layer.norm2.normalize(y), key, value,
-                                           attn_mask=mask, weights=weights))
-    return y + layer.dropout3(layer.feed_forward.transform(layer.norm3.normalize(y)))
-
-
-def cross_attention(attn: MultiHeadAttention, x: Tensor, key: Tensor, value: Tensor, *,
-                    attn_mask: Tensor | None = None,
-                    weights: list[Tensor] | None = None) -> Tensor:
-    """``attn`` applied to queries from ``x`` ``(B, T_q, d_model)`` and keys and values that are
-    already projected and split into heads, ``(B, num_heads, T_k, d_k)``; returns
-    ``(B, T_q, d_model)``. With a list for ``weights``, appends the weights
-    ``(B, num_heads, T_q, T_k)``. Unchecked."""
-    q = attn.split_heads(attn.q_proj(x))                             # (B, h, T_q, d_k)
-    dropout_p = attn.dropout if attn.training else 0.0
-    heads = F.scaled_dot_product_attention(q, key, value, attn_mask, dropout_p=dropout_p)
-    if weights is not None:
-        scores = q @ key.transpose(-2, -1) / math.sqrt(attn.d_k)     # (B, h, T_q, T_k)
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        weights.append(torch.softmax(scores, dim=-1))
-    return attn.out_proj(attn.merge_heads(heads))                    # (B, T_q, d_model)
 
 
 def _init_weights(module: nn.Module) -> None:

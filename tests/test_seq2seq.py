@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from minitransformer import data
+from minitransformer.cache import KVCache
 from minitransformer.generate import beam_search
+from minitransformer.masks import causal_mask, padding_mask
 from minitransformer.seq2seq import (
     Seq2Seq,
     Seq2SeqConfig,
@@ -180,8 +182,8 @@ def test_padded_source_positions_get_exactly_zero_weight():
         torch.testing.assert_close(weights.sum(-1), torch.ones(3, 2, 6))
 
 
-def test_cross_attention_weights_reproduce_the_decoder_output():
-    """The explicit block (keys and values given) equals chapter 8's DecoderLayer.decode."""
+def test_next_token_logits_from_projected_memory_equal_the_full_pass():
+    """Memory projected once (SourceMemory.keys_values): the logits of decode, step by step."""
     model = small_model()
     src, tgt_in, _ = batch()
     source = model.read_source(src, use_cache=True)
@@ -189,6 +191,94 @@ def test_cross_attention_weights_reproduce_the_decoder_output():
     for t in range(1, 7):
         torch.testing.assert_close(model.next_token_logits(tgt_in[:, :t], source),
                                    full[:, t - 1], rtol=0, atol=1e-6)
+
+
+def test_cross_attention_weights_equal_the_written_out_weights():
+    """softmax(q k^T / sqrt(d_k)), q from each decoder layer's state after its self-attention,
+    k from the memory, padding hidden."""
+    model = small_model()
+    src, tgt_in, _ = batch()
+    memory, keep = model.encode(src), src != PAD                      # keep (B, T_src)
+    causal = causal_mask(tgt_in.shape[1])
+    with torch.no_grad():
+        y = (model.tgt_token_embedding(tgt_in)
+             + model.tgt_position_embedding(torch.arange(tgt_in.shape[1])))
+        for layer, weights in zip(model.decoder_layers,
+                                  model.cross_attention_weights(src, tgt_in)):
+            attn = layer.multihead_attn
+            h = y + layer.self_attn(layer.norm1(y), attn_mask=causal)
+            q = attn.split_heads(attn.q_proj(layer.norm2(h)))          # (B, h, T_tgt, d_k)
+            k = attn.split_heads(attn.k_proj(memory))                  # (B, h, T_src, d_k)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(attn.d_k)
+            scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+            torch.testing.assert_close(weights, torch.softmax(scores, dim=-1))
+            y = layer(y, memory, tgt_mask=causal, memory_mask=padding_mask(src, PAD))
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_cross_attention_weights_are_taken_in_eval_mode_and_the_mode_restored(mode):
+    """As translate does: no dropout in the weights a figure shows, and the mode unchanged."""
+    model = small_model(dropout=0.5).train(mode == "train")
+    src, tgt_in, _ = batch()
+    weights = model.cross_attention_weights(src, tgt_in)
+    assert all(m.training == (mode == "train") for m in model.modules())
+    expected = small_model(dropout=0.5).cross_attention_weights(src, tgt_in)   # eval, same seed
+    for got, want in zip(weights, expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def randomize_decoder_norms(model: Seq2Seq) -> Seq2Seq:
+    with torch.no_grad():
+        for layer in model.decoder_layers:
+            for norm in (layer.norm1, layer.norm2, layer.norm3):
+                norm.weight.normal_(1.0, 0.3)
+                norm.bias.normal_(0.0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-norm", "post-norm"])
+def test_generation_runs_the_decoder_layers_own_block(norm_first):
+    """Cached decoding and the weights go through DecoderLayer.decode, whatever its order: turned
+    to post-norm, the step-by-step logits (memory projected once, target keys and values cached)
+    still equal the full pass, and the weights still match the layer's own cross-attention."""
+    model = randomize_decoder_norms(small_model())
+    for layer in model.decoder_layers:
+        layer.norm_first = norm_first
+    src, tgt_in, _ = batch()
+    full = model.decode(tgt_in, model.encode(src), src)
+    source = model.read_source(src, use_cache=True)
+    source = SourceMemory(torch.zeros_like(source.memory), source.mask, source.keys_values)
+    cache = KVCache(2)
+    for t in range(tgt_in.shape[1]):
+        torch.testing.assert_close(model.next_token_logits(tgt_in[:, t:t + 1], source,
+                                                           kv_cache=cache),
+                                   full[:, t], rtol=0, atol=1e-5)
+    mask = padding_mask(src, PAD)
+    layer = model.decoder_layers[0]
+    with torch.no_grad():
+        y = model._embed(tgt_in, model.tgt_token_embedding, model.tgt_position_embedding)
+        _, expected = layer.decode(y, model.encode(src), tgt_mask=causal_mask(tgt_in.shape[1]),
+                                   memory_mask=mask, return_cross_weights=True)
+    torch.testing.assert_close(model.cross_attention_weights(src, tgt_in)[0], expected)
+
+
+def test_projected_memory_changes_no_random_draw_in_training():
+    """With dropout, in training: the memory projected once gives the logits of the memory
+    projected in the layer, under the same seed (a memory of zeros sits beside the keys and
+    values, so they are what is read)."""
+    model = small_model(dropout=0.3).train()
+    src, tgt_in, _ = batch()
+    with torch.no_grad():
+        source = model.read_source(src, use_cache=True)
+        projected = SourceMemory(torch.zeros_like(source.memory), source.mask,
+                                 source.keys_values)
+        plain = SourceMemory(source.memory, source.mask, None)
+
+        def logits(seed, source):
+            _ = torch.manual_seed(seed)
+            return model.next_token_logits(tgt_in, source)
+        torch.testing.assert_close(logits(1, projected), logits(1, plain), rtol=0, atol=0)
+        assert not torch.allclose(logits(2, projected), logits(1, plain))
 
 
 def test_padded_targets_are_left_out_of_the_loss():

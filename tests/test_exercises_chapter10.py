@@ -1,6 +1,7 @@
 """The checkers of chapter 10: they accept correct answers and explain plausible wrong ones."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -169,11 +170,25 @@ def test_hard_coded_special_ids_fail_the_last_case(capsys):
     (lambda t, m, wq, wk, wv: torch.softmax((t @ wq) @ (m @ wk).T
                                             / math.sqrt(wk.shape[1]), -1) @ (m @ wv),
      3, "k.T reverses every dimension of a batched"),
-], ids=["sqrt(d_model)", "returns the weights", "k.T on a batch"])
+    (lambda t, m, wq, wk, wv: torch.softmax((t @ wq) @ (m @ wk).transpose(0, 1)
+                                            / math.sqrt(wk.shape[1]), -1) @ (m @ wv),
+     3, "k.transpose(0, 1) swaps the first two dimensions"),
+], ids=["sqrt(d_model)", "returns the weights", "k.T on a batch", "transpose(0, 1) on a batch"])
 def test_more_cross_attention_mistakes(wrong, case, hint, capsys):
     assert not check_cross_attention(wrong)
     out = capsys.readouterr().out
     assert out.startswith(f"✗ case {case}:") and f"Hint: {hint}" in out
+
+
+def test_the_checkers_own_mistakes_warn_about_nothing(capsys):
+    """The known mistakes run on every failing answer; the k.T one is written without k.T on a
+    3-D tensor, which PyTorch deprecates with a UserWarning."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for hint, wrong in check_cross_attention.mistakes.items():
+            assert not check_cross_attention(wrong)
+            assert capsys.readouterr().out.rstrip("\n").endswith(f"Hint: {hint}")
+    assert [str(w.message) for w in caught] == []
 
 
 @pytest.mark.parametrize("wrong, case, hint", [

@@ -81,7 +81,13 @@ def _the_weights(target, memory, w_q, w_k, w_v):
 
 def _transposed_with_dot_t(target, memory, w_q, w_k, w_v):
     q, k, v = target @ w_q, memory @ w_k, memory @ w_v
-    return torch.softmax(q @ k.T / math.sqrt(k.shape[-1]), dim=-1) @ v
+    k_t = k.permute(*reversed(range(k.ndim)))     # what k.T does, without its warning on 3-D
+    return torch.softmax(q @ k_t / math.sqrt(k.shape[-1]), dim=-1) @ v
+
+
+def _transposed_the_first_two(target, memory, w_q, w_k, w_v):
+    q, k, v = target @ w_q, memory @ w_k, memory @ w_v
+    return torch.softmax(q @ k.transpose(0, 1) / math.sqrt(k.shape[-1]), dim=-1) @ v
 
 
 check_cross_attention = Checker(
@@ -104,6 +110,9 @@ check_cross_attention = Checker(
         "width d_v per target token": _the_weights,
         "k.T reverses every dimension of a batched (B, T_src, d_k) tensor: swap only the last "
         "two with k.transpose(-2, -1)": _transposed_with_dot_t,
+        "k.transpose(0, 1) swaps the first two dimensions, which in a batched (B, T_src, d_k) "
+        "tensor are the batch and the positions: swap the last two with k.transpose(-2, -1)":
+            _transposed_the_first_two,
     },
 )
 

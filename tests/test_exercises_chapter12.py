@@ -139,6 +139,17 @@ def _merge_without_skip(ids, pair, new_id):
     return out
 
 
+def _merge_keeps_second(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+        else:
+            out.append(ids[i])
+        i += 1
+    return out
+
+
 def _merge_drop_last(ids, pair, new_id):
     merged, i = [], 0
     while i < len(ids) - 1:
@@ -163,6 +174,7 @@ def _merge_first_only(ids, pair, new_id):
 @pytest.mark.parametrize("wrong, hint", [
     (_merge_right_to_left, "scan from the left"),
     (_merge_without_skip, "jump past both of its tokens"),
+    (_merge_keeps_second, "skip the pair's second token as well"),
     (_merge_drop_last, "a final token that is not part of a pair was lost"),
     (_merge_first_only, "replace every occurrence"),
 ])
@@ -209,6 +221,7 @@ def _encode_position(text, merges):
     (_encode_characters, "list(text) gives characters"),
     (_encode_first_only, "not only the first one"),
     (_encode_position, "not the entry's position"),
+    (lambda text, merges: list(text.encode("utf-8")), "no merge applied"),
 ])
 def test_encode_hints(wrong, hint, capsys):
     assert not check_encode(wrong)

@@ -103,6 +103,11 @@ def _without_skipping(ids, pair, new_id):
     return merged
 
 
+def _keeps_both_tokens(ids, pair, new_id):
+    """The first token of each pair becomes new_id, the second stays: the list never shrinks."""
+    return [new_id if (a, b) == pair else a for a, b in zip(ids, [*ids[1:], None])]
+
+
 def _drops_the_last_token(ids, pair, new_id):
     merged, i = [], 0
     while i + 1 < len(ids):
@@ -136,6 +141,10 @@ check_merge_pair = Checker(
         "after replacing a pair, jump past both of its tokens (i += 2): a token belongs to "
         "at most one merged pair, so a a a becomes Z a, not Z Z":
             _without_skipping,
+        "a merged pair is one id where there were two, so the list gets shorter: after "
+        "appending new_id, skip the pair's second token as well (i += 2), instead of "
+        "keeping it":
+            _keeps_both_tokens,
         "a final token that is not part of a pair was lost: keep it (loop while "
         "i < len(ids), and check i + 1 < len(ids) before looking at the pair)":
             _drops_the_last_token,
@@ -196,6 +205,9 @@ check_encode = Checker(
             _from_characters,
         "each merge replaces every occurrence of its pair, not only the first one":
             _each_merge_once,
+        "the bytes are only the start: then apply every merge of the table in turn, "
+        "for pair, new_id in merges (your answer is the text's bytes with no merge applied)":
+            lambda text, merges: list(text.encode("utf-8")),
         "a merged pair becomes the new_id stored in its table entry (256, 257, ...), not "
         "the entry's position in the list":
             _position_as_id,

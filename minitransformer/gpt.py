@@ -189,17 +189,21 @@ class GPT(nn.Module):
     @torch.no_grad()
     def attention_weights(self, idx: Tensor) -> list[Tensor]:
         """Every layer's attention weights for ``idx``: a list of ``num_layers`` tensors
-        ``(B, num_heads, T, T)``, row = query position, column = key position."""
+        ``(B, num_heads, T, T)``, row = query position, column = key position. Computed in
+        eval mode (no dropout on the weights); the mode is restored."""
         c = self.config
         _checks.check_token_ids("idx", idx, c.vocab_size, max_len=c.context_length)
+        was_training = self.training
+        self.eval()
         x = self.embed(idx)
         mask = causal_mask(idx.shape[1], device=idx.device)
         weights = []
         for layer in self.layers:
-            h = layer.norm1.normalize(x)
+            h = layer.norm1.normalize(x)                 # the blocks are pre-norm
             weights.append(layer.self_attn.attend(h, h, h, attn_mask=mask,
                                                   return_weights=True)[1])
             x = layer.encode(x, attn_mask=mask)
+        self.train(was_training)
         return weights
 
     def extra_repr(self) -> str:

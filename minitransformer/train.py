@@ -18,6 +18,9 @@ from torch import Tensor, nn
 
 from minitransformer import _checks
 
+#: A progress bar that fits a notebook's 79 columns with the losses after it (no rate).
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
 
 @dataclass
 class TrainingHistory:
@@ -127,8 +130,8 @@ def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
     history = TrainingHistory()
     stream = _endless(batches)
     running, since = 0.0, 0
-    bar = tqdm.tqdm(total=steps, disable=not progress, desc="training", unit="step",
-                    mininterval=0.5)
+    bar = tqdm.tqdm(total=steps, disable=not progress, desc="training", mininterval=0.5,
+                    bar_format=BAR_FORMAT)
     model.train()
     for step in range(steps):
         rate = learning_rate(step, steps=steps, lr=lr, warmup_steps=warmup_steps)

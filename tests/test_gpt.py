@@ -111,6 +111,17 @@ def test_parameter_count_from_the_config():
     assert count_parameters(GPT(sinusoidal)) == expected - c.context_length * d
 
 
+def test_attention_weights_are_computed_without_dropout_and_keep_the_mode():
+    torch.manual_seed(0)
+    model = GPT(small_config(dropout=0.5)).train()
+    idx = torch.randint(11, (2, 6))
+    first, again = model.attention_weights(idx), model.attention_weights(idx)
+    assert model.training                              # the mode is restored
+    for a, b in zip(first, again):                     # no dropout: the same weights twice,
+        torch.testing.assert_close(a, b)               # rows of probabilities
+        torch.testing.assert_close(a.sum(-1), torch.ones(2, 2, 6))
+
+
 def test_d_ff_defaults_to_four_times_d_model():
     assert small_config().d_ff == 64
     assert small_config(d_ff=20).d_ff == 20

@@ -141,10 +141,13 @@ def _continue(model: nn.Module, idx: Tensor, max_new_tokens: int, use_cache: boo
     """:func:`generate`'s loop, on checked arguments: ``idx`` followed by the new tokens."""
     total = idx.shape[1] + max_new_tokens
     cache = KVCache(model.config.num_layers, max_len=total) if use_cache else None
+    step = getattr(model, "decode_step", None)   # a faster cached pass, when the model has one
     new = idx                                    # what the model has not seen yet
     for _ in range(max_new_tokens):
         if cache is None:
             logits, _ = model(idx)                               # (B, T, N)
+        elif step is not None:
+            logits = step(new, cache)                            # (B, T_new, N)
         else:
             logits, _ = model(new, kv_cache=cache)               # (B, T_new, N)
         next_id = sample_next(logits[:, -1], temperature=temperature, top_k=top_k,

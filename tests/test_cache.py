@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from torch import nn
 
 from minitransformer.cache import KVCache
 
@@ -243,6 +246,51 @@ def test_stepwise_and_chunked_logits_equal_the_full_pass(positional, num_heads, 
         full, _ = model(TOKENS)
     torch.testing.assert_close(cached_logits(model, TOKENS, chunk, max_len), full, rtol=0,
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+@pytest.mark.parametrize("chunk, max_len", [(1, None), (1, 24), (5, 30)])
+def test_decode_step_computes_what_forward_computes_with_the_cache(positional, num_heads, chunk,
+                                                                   max_len):
+    model = gpt(positional, num_heads)
+    cache = KVCache(model.config.num_layers, max_len=max_len)
+    with torch.no_grad():
+        fast = torch.cat([model.decode_step(TOKENS[:, s:s + chunk], cache)
+                          for s in range(0, TOKENS.shape[1], chunk)], dim=1)
+    assert cache.seq_len == TOKENS.shape[1]
+    # the same operations on the same weights: the same numbers, bit for bit
+    assert torch.equal(fast, cached_logits(model, TOKENS, chunk, max_len))
+
+
+def test_decode_step_applies_no_dropout_even_in_training_mode():
+    model = gpt("learned")
+    trained = GPT(dataclasses.replace(model.config, dropout=0.5)).train()
+    trained.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        fast = trained.decode_step(TOKENS, KVCache(model.config.num_layers))
+        assert torch.equal(fast, cached_logits(model, TOKENS, 24))
+
+
+def test_generate_takes_the_models_decode_step_and_works_without_one():
+    model = gpt("learned", context_length=64)
+
+    class WithoutDecodeStep(nn.Module):      # a model that offers forward(kv_cache=) only
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, idx, targets=None, *, kv_cache=None):
+            return self.inner(idx, targets, kv_cache=kv_cache)
+
+    calls = []
+    original = model.decode_step
+    model.decode_step = lambda idx, cache: calls.append(idx.shape) or original(idx, cache)
+    fast = generate(model, TOKENS[:, :5], 20, temperature=0)
+    assert calls[0] == (3, 5) and calls[1:] == [(3, 1)] * 19       # prefill, then one per step
+    del model.decode_step
+    plain = generate(WithoutDecodeStep(model), TOKENS[:, :5], 20, temperature=0)
+    assert torch.equal(fast, plain)
 
 
 @torch.no_grad()

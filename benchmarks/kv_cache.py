@@ -5,7 +5,9 @@ Run from the repository root:  .venv/bin/python benchmarks/kv_cache.py [--thread
 
 A randomly initialised GPT (vocab 256, d_model 128, 4 layers, 4 heads, context_length 1024, float32,
 CPU) continues a 4-token prompt greedily with ``generate(..., use_cache=True)`` and
-``use_cache=False``; the two must give the same tokens. It prints
+``use_cache=False``; the two must give the same tokens. With the cache, ``generate`` steps through
+``GPT.decode_step``, the speed path (the cached forward pass without the blocks' method and module
+calls; tests hold it bit-for-bit equal to ``GPT.forward(..., kv_cache=...)``). It prints
   * the total time of each and the speed-up for 64, 256, 512 and 1,000 new tokens, at ``--threads``
     threads and then again at 1 thread (with 2 threads the uncached pass, a big matrix product,
     runs in parallel, while a cached step is too small to gain from a second thread);

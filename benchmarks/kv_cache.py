@@ -66,14 +66,15 @@ def speed_up(model: GPT, prompt: torch.Tensor, new_tokens: int,
 
 @torch.inference_mode()
 def per_token_times(model: GPT, prompt: torch.Tensor, new_tokens: int) -> list[float]:
-    """Seconds for each cached decode step of one generation (the prefill not included)."""
+    """Seconds for each cached decode step of one generation (the prefill not included), each
+    step as ``generate`` takes it: ``sample_next``, then ``decode_step``."""
     cache = KVCache(CONFIG.num_layers, max_len=PROMPT_LENGTH + new_tokens)
-    logits, _ = model(prompt, kv_cache=cache)
+    logits = model.decode_step(prompt, cache)
     times = []
     for _ in range(new_tokens):
         start = time.perf_counter()
         next_id = sample_next(logits[:, -1], temperature=0)
-        logits, _ = model(next_id[:, None], kv_cache=cache)
+        logits = model.decode_step(next_id[:, None], cache)
         times.append(time.perf_counter() - start)
     return times
 

@@ -94,6 +94,29 @@ def test_update_that_forgets_an_empty_cache(capsys):
     out = capsys.readouterr().out
     assert out.startswith("✗ case 1: for input (None, [[[[")
     assert "your function raised TypeError" in out
+    assert out.endswith("Hint: before the first step nothing is cached (cached is None): "
+                        "return new as it is\n")
+
+
+def test_update_with_stack_instead_of_cat(capsys):
+    assert not check_cache_update(lambda cached, new: new if cached is None
+                                  else torch.stack([cached, new], dim=2))
+    out = capsys.readouterr().out
+    assert "your function raised RuntimeError" in out
+    assert out.endswith("torch.cat joins them along an existing one, the positions (dim 2)\n")
+
+
+def test_update_that_returns_the_cached_keys_alone(capsys):
+    assert not check_cache_update(lambda cached, new: new if cached is None else cached)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2:")
+    assert out.endswith("Hint: append the new positions: return the cached ones followed by "
+                        "the new ones, not the cached ones alone\n")
+
+
+def test_update_that_adds_instead_of_appending(capsys):
+    assert not check_cache_update(lambda cached, new: new if cached is None else cached + new)
+    assert capsys.readouterr().out.endswith("not added to their numbers\n")
 
 
 def test_offset_forgotten(capsys):
@@ -104,6 +127,30 @@ def test_offset_forgotten(capsys):
     out = capsys.readouterr().out
     assert out.startswith("✗ case 2: for input ([[3]], ")
     assert out.endswith("so their positions are past_len, past_len + 1, ...\n")
+
+
+@pytest.mark.parametrize("first", ["slice", "arange"])
+def test_offset_one_too_small(first, capsys):
+    def one_early(idx, token_table, position_table, past_len):
+        if first == "slice":
+            return token_table[idx] + position_table[past_len - 1:past_len - 1 + idx.shape[1]]
+        positions = torch.arange(past_len - 1, past_len - 1 + idx.shape[1])
+        return token_table[idx] + position_table[positions]
+
+    assert not check_position_offset(one_early)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1:")                 # past_len 0: position -1
+    assert "Hint: off by one" in out and "past_len - 1" in out
+
+
+def test_token_ids_used_as_positions(capsys):
+    def ids_as_positions(idx, token_table, position_table, past_len):
+        return token_table[idx] + position_table[idx + past_len]
+
+    assert not check_position_offset(ids_as_positions)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input ([[3]], ")
+    assert out.endswith("index position_table with positions, token_table with idx\n")
 
 
 def test_one_position_for_a_whole_chunk(capsys):
@@ -126,8 +173,38 @@ def test_bytes_without_the_values(capsys):
 def test_bytes_quadratic_in_the_length(capsys):
     assert not check_cache_bytes(lambda L, B, h, T, d, b: 2 * L * B * h * T * T * d * b)
     out = capsys.readouterr().out
-    assert out.startswith("✗ case 2: for input (6, 1, 4, 1024, 32, 4) expected 6291456 but got")
+    assert out.startswith("✗ case 2: for input (5, 3, 8, 100, 16, 4) expected 1536000 but got")
     assert out.endswith("which are not cached\n")
+
+
+def test_bytes_without_the_heads_get_the_heads_hint(capsys):
+    # with 4 heads and 4 bytes per number, this used to get the bytes hint
+    assert not check_cache_bytes(lambda L, B, h, T, d, b: 2 * L * B * T * d * b)
+    assert capsys.readouterr().out == (
+        "✗ case 2: for input (5, 3, 8, 100, 16, 4) expected 1536000 but got 192000. Hint: "
+        "every head has its own keys and values: multiply by num_heads\n")
+
+
+@pytest.mark.parametrize("left_out, hint", [
+    ("L", "multiply by num_layers"), ("B", "multiply by batch"), ("h", "multiply by num_heads"),
+    ("d", "multiply by d_head"), ("b", "multiply by bytes_per_number")])
+def test_each_factor_left_out_gets_its_own_hint(left_out, hint, capsys):
+    def without(L, B, h, T, d, b):
+        factors = {"L": L, "B": B, "h": h, "d": d, "b": b}
+        factors[left_out] = 1
+        return 2 * T * factors["L"] * factors["B"] * factors["h"] * factors["d"] * factors["b"]
+
+    assert not check_cache_bytes(without)
+    assert hint in capsys.readouterr().out
+
+
+def test_bytes_with_queries_or_in_gigabytes(capsys):
+    assert not check_cache_bytes(lambda L, B, h, T, d, b: 3 * L * B * h * T * d * b)
+    assert capsys.readouterr().out.endswith("the factor is 2, not 3\n")
+    for unit in (1e9, 2 ** 30):
+        assert not check_cache_bytes(
+            lambda L, B, h, T, d, b, unit=unit: 2 * L * B * h * T * d * b / unit)
+        assert capsys.readouterr().out.endswith("turn it into gigabytes only when you print it\n")
 
 
 def test_bytes_counted_as_numbers(capsys):

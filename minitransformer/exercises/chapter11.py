@@ -51,16 +51,29 @@ check_cache_update = Checker(
     reference=_cache_update,
     cases=_update_cases(),
     mistakes={
+        "before the first step nothing is cached (cached is None): return new as it is":
+            lambda cached, new: torch.cat([cached, new], dim=2),
+        "before the first step there are no cached positions: return new as it is, without a "
+        "row of zeros in front": lambda cached, new: torch.cat(
+            [torch.zeros_like(new) if cached is None else cached, new], dim=2),
         "the new positions go after the cached ones: torch.cat([cached, new], ...)":
             lambda cached, new: new if cached is None else torch.cat([new, cached], dim=2),
-        "join along the positions, dim 2 of (B, num_heads, T, d_head); dim -1 is the width "
-        "of each key": _cat_on(-1),
+        "join along the positions, dim 2 of (B, num_heads, T, d_head); dim 3 (or -1) is the "
+        "width of each key": _cat_on(-1),
         "join along the positions, dim 2 of (B, num_heads, T, d_head); dim 1 counts the "
         "heads": _cat_on(1),
         "torch.cat joins along dim 0 unless told otherwise: the positions are dim 2 of "
         "(B, num_heads, T, d_head)": _cat_on(0),
+        "torch.stack puts the two side by side in a new dimension (and needs equal shapes); "
+        "torch.cat joins them along an existing one, the positions (dim 2)":
+            lambda cached, new: new if cached is None else torch.stack([cached, new], dim=2),
         "keep what is cached: return the cached positions followed by the new ones, not the "
         "new ones alone": lambda cached, new: new,
+        "append the new positions: return the cached ones followed by the new ones, not the "
+        "cached ones alone": lambda cached, new: new if cached is None else cached,
+        "the cache grows: the new positions are appended after the cached ones "
+        "(torch.cat), not added to their numbers":
+            lambda cached, new: new if cached is None else cached + new,
     },
 )
 
@@ -83,6 +96,14 @@ def _offset_cases() -> list[tuple]:
             (torch.tensor([[2, 2], [0, 1]]), tokens, positions, 6)]
 
 
+def _shifted(shift: int):
+    """The positions past_len + shift, ... sliced from the table: an off-by-one."""
+    def wrong(idx, tok, pos, past):
+        start = past + shift
+        return tok[idx] + pos[start:start + idx.shape[1]]
+    return wrong
+
+
 check_position_offset = Checker(
     reference=_embed_new_tokens,
     cases=_offset_cases(),
@@ -91,10 +112,22 @@ check_position_offset = Checker(
         "their positions are past_len, past_len + 1, ...":
             lambda idx, tok, pos, past: _embed_new_tokens(idx, tok, pos, 0),
         "off by one: with past_len positions cached (0 to past_len - 1), the first new token "
-        "sits at position past_len":
-            lambda idx, tok, pos, past: _embed_new_tokens(idx, tok, pos, past + 1),
+        "sits at position past_len": _shifted(1),
+        "off by one: the T new tokens sit at positions past_len to past_len + T - 1 (the "
+        "cached ones are 0 to past_len - 1), position_table[past_len:past_len + T]":
+            _shifted(-1),
+        "off by one: the first new token sits at past_len, not past_len - 1 (and a negative "
+        "index reads the table from its end)":
+            lambda idx, tok, pos, past: tok[idx] + pos[torch.arange(past - 1,
+                                                                    past - 1 + idx.shape[1])],
         "a chunk of several new tokens needs one position each, past_len up to past_len + T - 1":
             lambda idx, tok, pos, past: tok[idx] + pos[past],
+        "a chunk of several new tokens needs one position each, past_len up to "
+        "past_len + T - 1, not only the last one's":
+            lambda idx, tok, pos, past: tok[idx] + pos[past + idx.shape[1] - 1],
+        "a token's position is where it stands in the text (past_len, past_len + 1, ...), not "
+        "its id: index position_table with positions, token_table with idx":
+            lambda idx, tok, pos, past: tok[idx] + pos[idx],
         "add the position vectors to the token vectors": lambda idx, tok, pos, past: tok[idx],
     },
 )
@@ -107,19 +140,36 @@ def _cache_bytes(num_layers: int, batch: int, num_heads: int, length: int, d_hea
     return 2 * num_layers * batch * num_heads * length * d_head * bytes_per_number
 
 
+def _without(factor: str):
+    """The formula with one of its factors left out."""
+    def wrong(L, B, h, T, d, b):
+        return _cache_bytes(L, B, h, T, d, b) // {"L": L, "B": B, "h": h, "d": d, "b": b}[factor]
+    return wrong
+
+
 check_cache_bytes = Checker(
     reference=_cache_bytes,
-    cases=[(1, 1, 1, 1, 1, 4), (6, 1, 4, 1024, 32, 4), (12, 8, 12, 1024, 64, 2),
+    # in case 2 no two factors are equal (2, 5 layers, batch 3, 8 heads, 100 positions,
+    # width 16, 4 bytes): whichever factor is left out, the hint names that one
+    cases=[(1, 1, 1, 1, 1, 4), (5, 3, 8, 100, 16, 4), (12, 8, 12, 1024, 64, 2),
            (32, 3, 32, 4096, 128, 2)],
     mistakes={
         "the cache holds a key and a value for every position: twice the keys alone":
             lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) // 2,
+        "only keys and values are cached, not the queries: the factor is 2, not 3":
+            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) // 2 * 3,
         "count bytes, not numbers: multiply by bytes_per_number (4 for float32, 2 for "
-        "float16)": lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) // b,
+        "float16)": _without("b"),
+        "bytes_per_number already counts bytes (4 for float32): no factor 8, that would "
+        "be bits": lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) * 8,
+        "return the number of bytes; turn it into gigabytes only when you print it":
+            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) / 1e9,   # or / 2**30
         "every sequence of the batch has its own keys and values: multiply by batch":
-            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) // B,
-        "every layer has its own keys and values: multiply by num_layers":
-            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) // L,
+            _without("B"),
+        "every layer has its own keys and values: multiply by num_layers": _without("L"),
+        "every head has its own keys and values: multiply by num_heads":
+            _without("h"),
+        "each key is a vector of d_head numbers: multiply by d_head": _without("d"),
         "the cache grows with T, one key and one value per position; T x T is the size of "
         "the attention scores, which are not cached":
             lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) * T,

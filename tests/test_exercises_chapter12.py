@@ -104,8 +104,40 @@ def _count_past_the_end(ids):
     return counts
 
 
+def _count_wrapping(ids):
+    counts = {}
+    for i in range(len(ids)):
+        pair = (ids[i - 1], ids[i])
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def _count_sorted(ids):
+    counts = {}
+    for a, b in zip(ids, ids[1:]):
+        pair = (min(a, b), max(a, b))
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def _count_from_zero(ids):
+    counts = {}
+    for pair in zip(ids, ids[1:]):
+        if pair in counts:
+            counts[pair] += 1
+        else:
+            counts[pair] = 0
+    return counts
+
+
 @pytest.mark.parametrize("wrong, hint", [
     (_non_overlapping, "pairs overlap"),
+    (lambda ids: Counter(ids), "not single ids"),
+    (_count_wrapping, "ids[i - 1] is ids[-1]"),
+    (lambda ids: Counter(zip(ids, ids[1:])).most_common(), "return the counts as a dict"),
+    (_count_sorted, "the order inside a pair matters"),
+    (lambda ids: {pair: 0 for pair in set(zip(ids, ids[1:]))}, "every count is 0"),
+    (_count_from_zero, "one too small"),
     (lambda ids: dict(Counter(zip(ids[::2], ids[1::2]))), "not only at the even ones"),
     (lambda ids: {p: 1 for p in zip(ids, ids[1:])}, "not only whether it occurs"),
     (lambda ids: Counter(zip(ids, ids[1:-1])), "the last pair"),
@@ -171,8 +203,52 @@ def _merge_first_only(ids, pair, new_id):
     return ids
 
 
+def _merge_for_loop(ids, pair, new_id):
+    merged = []
+    for i in range(len(ids)):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            merged.append(new_id)
+            i += 2  # no effect in a for loop
+        else:
+            merged.append(ids[i])
+    return merged
+
+
+def _merge_slice_compare(ids, pair, new_id):
+    merged, i = [], 0
+    while i < len(ids):
+        if ids[i:i + 2] == pair:  # a list never equals a tuple
+            merged.append(new_id)
+            i += 2
+        else:
+            merged.append(ids[i])
+            i += 1
+    return merged
+
+
+def _merge_first_id(ids, pair, new_id):
+    merged, i = [], 0
+    while i < len(ids):
+        if ids[i] == pair[0] and i + 1 < len(ids):
+            merged.append(new_id)
+            i += 2
+        else:
+            merged.append(ids[i])
+            i += 1
+    return merged
+
+
+def _merge_reversed_pair(ids, pair, new_id):
+    first, second = pair
+    return my_merge_pair(ids, (second, first), new_id)
+
+
 @pytest.mark.parametrize("wrong, hint", [
     (_merge_right_to_left, "scan from the left"),
+    (_merge_for_loop, "In a for loop, i += 2 changes nothing"),
+    (_merge_slice_compare, "a list never equals a tuple"),
+    (_merge_first_id, "check both ids of the pair"),
+    (_merge_reversed_pair, "the pair is ordered"),
     (_merge_without_skip, "jump past both of its tokens"),
     (_merge_keeps_second, "skip the pair's second token as well"),
     (_merge_drop_last, "a final token that is not part of a pair was lost"),
@@ -215,8 +291,34 @@ def _encode_position(text, merges):
     return ids
 
 
+def _encode_result_dropped(text, merges):
+    ids = list(text.encode("utf-8"))
+    for pair, new_id in merges:
+        my_merge_pair(ids, pair, new_id)  # the merged list is thrown away
+    return ids
+
+
+def _encode_words(text, merges):
+    ids = []
+    for word in text.split():
+        ids += my_encode(word, merges)
+    return ids
+
+
+def _encode_by_counting(text, merges):
+    ids = list(text.encode("utf-8"))
+    for _, new_id in merges:
+        counts = my_count_pairs(ids)
+        if counts:
+            ids = my_merge_pair(ids, max(counts, key=counts.get), new_id)
+    return ids
+
+
 @pytest.mark.parametrize("wrong, hint", [
     (_encode_reversed, "in the order they were learned"),
+    (_encode_result_dropped, "keep each result, ids = my_merge_pair(ids, pair, new_id)"),
+    (_encode_words, "text.split() drops them"),
+    (_encode_by_counting, "encoding does not count pairs"),
     (_encode_ord, "not from ord(c)"),
     (_encode_characters, "list(text) gives characters"),
     (_encode_first_only, "not only the first one"),
@@ -257,14 +359,57 @@ def _one_merge_short(text, num_merges):
     return my_train_merges(text, num_merges - 1)
 
 
+def _train_variant(*, stop_at=2, first_id=256, start=None, record=None, choose=None,
+                   record_first=False, keep_merged=True):
+    """my_train_merges with one line written differently."""
+    def train(text, num_merges):
+        ids = start(text) if start else list(text.encode("utf-8"))
+        merges = []
+        for new_id in range(first_id, first_id + num_merges):
+            counts = my_count_pairs(ids)
+            pair = (choose or _smallest)(counts)  # no check for an empty text
+            if record_first:
+                merges.append((pair, new_id))
+            if counts[pair] < stop_at:
+                break
+            if keep_merged:
+                ids = my_merge_pair(ids, pair, new_id)
+            else:
+                my_merge_pair(ids, pair, new_id)
+            if not record_first:
+                merges.append(record(pair, new_id) if record else (pair, new_id))
+        return merges
+    return train
+
+
+def _train_range_mistake(text, num_merges):
+    # for new_id in range(256, num_merges): no merge at all while num_merges <= 256
+    return my_train_merges(text, num_merges - 256) if num_merges > 256 else []
+
+
 @pytest.mark.parametrize("wrong, hint", [
     (_train(choose=lambda c: max(c, key=c.get)), "ties go to the smallest pair"),
     (_train(choose=lambda c: max(c, key=lambda p: (c[p], p))), "ties go to the smallest pair"),
     (_train(choose=_smallest, stop=False), "stop when the most frequent pair occurs only once"),
-    (_train(choose=_smallest, recount=False), "recount the pairs after every merge"),
+    (_train(choose=_smallest, recount=False), "Recount the pairs after every merge"),
     (_train(choose=_smallest, first_id=101), "new ids continue after the 256 byte values"),
-    (_train(choose=_smallest, recount="never"), "count the pairs inside the loop"),
+    (_train(choose=_smallest, recount="never"), "count the pairs of the merged list"),
     (_one_merge_short, "one is missing"),
+    (_train(choose=min), "choose by count first"),
+    (_train_variant(keep_merged=False), "keep the merged list"),
+    (_train_variant(stop_at=3), "a pair that occurs twice is still merged"),
+    (_train_variant(record_first=True), "check the count before you record the merge"),
+    (_train_range_mistake, "no merge was recorded"),
+    (_train_variant(first_id=0), "new ids start at 256, not 0"),
+    (_train_variant(first_id=255), "off by one"),
+    (_train_variant(record=lambda pair, new_id: [pair, new_id]), "a list [pair, new_id]"),
+    (_train_variant(record=lambda pair, new_id: (pair[0], pair[1], new_id)),
+     "not as three numbers"),
+    (_train_variant(start=lambda text: [ord(c) for c in text]), "not from ord(c)"),
+    (_train_variant(start=list), "list(text) gives characters"),
+    (_train_variant(), "min() of no pairs fails"),
+    (_train_variant(choose=lambda c: max(c, key=lambda p: (c[p], -p[0], -p[1]))),
+     "max() of no pairs fails"),
 ])
 def test_train_merges_hints(wrong, hint, capsys):
     assert not check_train_merges(wrong)

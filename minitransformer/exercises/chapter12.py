@@ -57,6 +57,26 @@ def _past_the_end(ids):
     return counts
 
 
+def _wraps_around(ids):
+    """Pairs (ids[i - 1], ids[i]) for every i: at i = 0 that is (last, first)."""
+    counts = {}
+    for i in range(len(ids)):
+        pair = (ids[i - 1], ids[i])
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def _unordered(ids):
+    return dict(Counter(tuple(sorted(pair)) for pair in zip(ids, ids[1:])))
+
+
+def _first_sighting_is_zero(ids):
+    counts = {}
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts[pair] + 1 if pair in counts else 0
+    return counts
+
+
 check_count_pairs = Checker(
     reference=_count_pairs,
     cases=[(_SEED,), ([1, 1, 1],), ([3, 1, 3, 1, 3],), ([5],), ([],)],
@@ -74,6 +94,24 @@ check_count_pairs = Checker(
         "the last id has no neighbour after it: a pair starts at positions 0 to "
         "len(ids) - 2, so stop before ids[i + 1] runs past the end":
             _past_the_end,
+        "count pairs of neighbours, with keys (ids[i], ids[i + 1]), not single ids":
+            lambda ids: dict(Counter(ids)),
+        "at i = 0, ids[i - 1] is ids[-1], the last id (Python counts negative indices from "
+        "the end), so a pair (last, first) that is not in the list was counted: start at "
+        "i = 1, or use zip(ids, ids[1:])":
+            _wraps_around,
+        "return the counts as a dict {(first, second): count}; most_common() turns them "
+        "into a list of (pair, count)":
+            lambda ids: Counter(zip(ids, ids[1:])).most_common(),
+        "the order inside a pair matters: (a, b) and (b, a) are different pairs (ab is not "
+        "ba), so keep each pair as (ids[i], ids[i + 1]) without sorting it":
+            _unordered,
+        "every count is 0: add one each time a pair is seen, "
+        "counts[pair] = counts.get(pair, 0) + 1":
+            lambda ids: {pair: 0 for pair in zip(ids, ids[1:])},
+        "every count is one too small: a pair seen for the first time has count 1, not 0 "
+        "(counts.get(pair, 0) + 1)":
+            _first_sighting_is_zero,
     },
 )
 
@@ -127,6 +165,19 @@ def _first_only(ids, pair, new_id):
     return list(ids)
 
 
+def _first_id_only(ids, pair, new_id):
+    """Merges wherever ids[i] is the pair's first id, whatever follows it."""
+    merged, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and ids[i] == pair[0]:
+            merged.append(new_id)
+            i += 2
+        else:
+            merged.append(ids[i])
+            i += 1
+    return merged
+
+
 check_merge_pair = Checker(
     reference=_merge_pair,
     cases=[(_SEED, (97, 97), 256),
@@ -143,13 +194,24 @@ check_merge_pair = Checker(
             _without_skipping,
         "a merged pair is one id where there were two, so the list gets shorter: after "
         "appending new_id, skip the pair's second token as well (i += 2), instead of "
-        "keeping it":
+        "keeping it. In a for loop, i += 2 changes nothing (the next round takes the next "
+        "i from range): use a while loop":
             _keeps_both_tokens,
         "a final token that is not part of a pair was lost: keep it (loop while "
         "i < len(ids), and check i + 1 < len(ids) before looking at the pair)":
             _drops_the_last_token,
         "replace every occurrence of the pair, not only the first":
             _first_only,
+        "nothing was merged, your answer is ids unchanged. If you compare ids[i:i + 2] == "
+        "pair: a slice is a list and pair a tuple, and a list never equals a tuple; "
+        "compare (ids[i], ids[i + 1]) == pair":
+            lambda ids, pair, new_id: list(ids),
+        "check both ids of the pair: it occurs where ids[i] == pair[0] and "
+        "ids[i + 1] == pair[1]":
+            _first_id_only,
+        "the pair is ordered: ids[i] must be its first id and ids[i + 1] its second, so "
+        "(1, 2) occurs in 1 2 but not in 2 1":
+            lambda ids, pair, new_id: merge_pair(ids, pair[::-1], new_id),
     },
 )
 
@@ -186,6 +248,23 @@ def _position_as_id(text, merges):
     return ids
 
 
+def _word_by_word(text, merges):
+    """Each word of text.split() encoded on its own: the spaces are lost."""
+    return [i for word in text.split() for i in _encode(word, merges)]
+
+
+def _trains_again(text, merges):
+    """Chooses the most frequent pair at every step, as training does, and ignores the
+    table's pairs."""
+    ids = list(text.encode("utf-8"))
+    for _, new_id in merges:
+        counts = count_pairs(ids)
+        if not counts:
+            break
+        ids = merge_pair(ids, min(counts, key=lambda p: (-counts[p], p)), new_id)
+    return ids
+
+
 check_encode = Checker(
     reference=_encode,
     cases=[("aaabdaaabac", _SEED_MERGES),
@@ -205,12 +284,21 @@ check_encode = Checker(
             _from_characters,
         "each merge replaces every occurrence of its pair, not only the first one":
             _each_merge_once,
-        "the bytes are only the start: then apply every merge of the table in turn, "
-        "for pair, new_id in merges (your answer is the text's bytes with no merge applied)":
+        "the bytes are only the start: then apply every merge of the table in turn and "
+        "keep each result, ids = my_merge_pair(ids, pair, new_id) (your answer is the "
+        "text's bytes with no merge applied; if you did that, does my_merge_pair pass its "
+        "own checker?)":
             lambda text, merges: list(text.encode("utf-8")),
         "a merged pair becomes the new_id stored in its table entry (256, 257, ...), not "
         "the entry's position in the list":
             _position_as_id,
+        "the spaces are part of the text: text.split() drops them, and a space is a byte "
+        "(32) to encode like any other. Encode the bytes of the whole text":
+            _word_by_word,
+        "encoding does not count pairs or choose the most frequent one; training did that. "
+        "Apply the table as it is: for each (pair, new_id), in order, replace that pair "
+        "by new_id":
+            _trains_again,
     },
 )
 
@@ -221,24 +309,48 @@ def _train_merges(text: str, num_merges: int) -> list:
     return train_merges([list(text.encode("utf-8"))], num_merges)
 
 
-def _training(text, num_merges, *, choose, stop=True, first_id=256):
-    """Train with a different way to choose the pair (``choose(counts)``) or to stop."""
-    ids = list(text.encode("utf-8"))
+def _training(text, num_merges, *, choose, stop_below=2, first_id=256, check_empty=True,
+              start=lambda text: list(text.encode("utf-8")),
+              record=lambda pair, new_id: (pair, new_id)):
+    """Train with one thing done differently: how the pair is chosen (``choose(counts)``),
+    when training stops, the first new id, the starting ids, or how a merge is recorded."""
+    ids = start(text)
     merges = []
     for new_id in range(first_id, first_id + num_merges):
         counts = count_pairs(ids)
-        if not counts:
+        if check_empty and not counts:
             break
         pair = choose(counts)
-        if stop and counts[pair] < 2:
+        if counts[pair] < stop_below:
             break
         ids = merge_pair(ids, pair, new_id)
-        merges.append((pair, new_id))
+        merges.append(record(pair, new_id))
     return merges
 
 
 def _smallest(counts):
     return min(counts, key=lambda pair: (-counts[pair], pair))
+
+
+def _largest_by_max(counts):
+    """The right pair, found with max: the largest count, then the smallest pair."""
+    return max(counts, key=lambda pair: (counts[pair], -pair[0], -pair[1]))
+
+
+def _records_the_last_pair(text, num_merges):
+    """Records the best pair before checking its count, so one pair seen once is kept."""
+    ids = list(text.encode("utf-8"))
+    merges = []
+    for new_id in range(256, 256 + num_merges):
+        counts = count_pairs(ids)
+        if not counts:
+            break
+        pair = _smallest(counts)
+        merges.append((pair, new_id))
+        if counts[pair] < 2:
+            break
+        ids = merge_pair(ids, pair, new_id)
+    return merges
 
 
 def _counted_once(text, num_merges):
@@ -266,35 +378,79 @@ def _counts_never_updated(text, num_merges):
 
 
 # The case with room for more merges than the text allows comes first: there an answer that
-# makes one merge too few is still right, so only a real recounting mistake fails it.
+# makes one merge too few is still right, so only a real recounting mistake fails it. The
+# text with é (two bytes in UTF-8) tells bytes from code points and characters.
 check_train_merges = Checker(
     reference=_train_merges,
     cases=[("aaabdaaabac", 10),
            ("aaabdaaabac", 3),
            ("the cat and the hat and the bat", 6),
            ("abcd", 2),
+           ("h\u00e9h\u00e9", 5),
            ("", 2)],
     mistakes={
         # before the recount hint: on case 2 one merge short looks like counting once
         "make num_merges merges (for new_id in range(256, 256 + num_merges)) unless no pair "
         "occurs twice: one is missing":
             lambda text, n: _train_merges(text, n - 1) if n > 0 else [],
-        "recount the pairs after every merge: a merge removes pairs and creates new ones "
-        "(Z with its neighbours), so the second merge cannot be read off the first counts":
+        # counting once and choosing the smallest pair whatever its count give the same table
+        "after aa and ab your table goes wrong: each merge must be the most frequent pair of "
+        "the list as it is now. Recount the pairs after every merge (a merge removes pairs and "
+        "creates new ones, such as Z with its neighbours), and choose by count first, the "
+        "smallest pair only breaking ties: min(counts, key=lambda p: (-counts[p], p))":
             _counted_once,
-        "count the pairs inside the loop, after each merge: with the counts of the original "
-        "text the same best pair comes back every time, although it no longer occurs":
+        # counts never updated and a merged list never kept give the same table
+        "the same pair comes back every time although it no longer occurs: count the pairs "
+        "of the merged list, inside the loop, and keep the merged list, "
+        "ids = my_merge_pair(ids, pair, new_id)":
             _counts_never_updated,
         "ties go to the smallest pair (first id, then second id), whereas "
         "Counter.most_common and max(counts, key=counts.get) keep the pair seen first. "
         "After Z = aa, (a, b) = (97, 98) beats (Z, a) = (256, 97): use "
         "min(counts, key=lambda p: (-counts[p], p))":
             lambda text, n: _training(text, n, choose=lambda c: c.most_common(1)[0][0]),
-        "stop when the most frequent pair occurs only once: merging it shortens nothing":
-            lambda text, n: _training(text, n, choose=_smallest, stop=False),
+        "stop when the most frequent pair occurs only once: a token for it would be used a "
+        "single time, saving one token at the cost of a vocabulary entry":
+            lambda text, n: _training(text, n, choose=_smallest, stop_below=0),
+        "a pair that occurs twice is still merged (it saves a token each time): stop only "
+        "when the best pair occurs fewer than two times, counts[pair] < 2":
+            lambda text, n: _training(text, n, choose=_smallest, stop_below=3),
+        "check the count before you record the merge: a pair that occurs only once is "
+        "neither merged nor recorded":
+            _records_the_last_pair,
+        "no merge was recorded: make up to num_merges merges, for new_id in "
+        "range(256, 256 + num_merges), and stop only when the best pair occurs fewer than "
+        "two times":
+            lambda text, n: [],
         "new ids continue after the 256 byte values: the first merge creates 256, the next "
         "257, whatever bytes the text uses":
             lambda text, n: _training(text, n, choose=_smallest,
                                       first_id=max(text.encode("utf-8"), default=-1) + 1),
+        "new ids start at 256, not 0: ids 0 to 255 are the bytes themselves, so "
+        "new_id runs over range(256, 256 + num_merges)":
+            lambda text, n: _training(text, n, choose=_smallest, first_id=0),
+        "off by one: the bytes are 0 to 255, so the first new id is 256":
+            lambda text, n: _training(text, n, choose=_smallest, first_id=255),
+        "record each merge as a tuple ((first, second), new_id), the format of "
+        "BPETokenizer.merges: a list [pair, new_id] does not compare equal to a tuple":
+            lambda text, n: _training(text, n, choose=_smallest,
+                                      record=lambda pair, new_id: [pair, new_id]),
+        "record each merge as ((first, second), new_id), the pair in a tuple of its own, "
+        "not as three numbers (first, second, new_id)":
+            lambda text, n: _training(text, n, choose=_smallest,
+                                      record=lambda pair, new_id: (*pair, new_id)),
+        "start from the UTF-8 bytes, list(text.encode('utf-8')), not from ord(c): é is one "
+        "code point but two bytes, and the merges are pairs of byte ids":
+            lambda text, n: _training(text, n, choose=_smallest,
+                                      start=lambda text: [ord(c) for c in text]),
+        "start from the UTF-8 bytes, list(text.encode('utf-8')): list(text) gives "
+        "characters (strings), and the merges are pairs of byte ids (integers)":
+            lambda text, n: _training(text, n, choose=_smallest, start=list),
+        "a text with fewer than two bytes has no pairs, and min() of no pairs fails: stop "
+        "when there are none (if not counts: break)":
+            lambda text, n: _training(text, n, choose=_smallest, check_empty=False),
+        "a text with fewer than two bytes has no pairs, and max() of no pairs fails: stop "
+        "when there are none (if not counts: break)":
+            lambda text, n: _training(text, n, choose=_largest_by_max, check_empty=False),
     },
 )

@@ -293,6 +293,43 @@ def test_generate_takes_the_models_decode_step_and_works_without_one():
     assert torch.equal(fast, plain)
 
 
+# Found in review (chapter 11, 2026-11-22); strict: remove the marker with the fix.
+@pytest.mark.xfail(strict=True, reason="generate calls the inherited GPT.decode_step, which "
+                   "does not run a subclass's own forward")
+def test_cached_generation_runs_a_subclass_that_changes_forward():
+    class NoLowIds(GPT):                     # a GPT that never predicts ids below 8
+        def forward(self, idx, targets=None, *, kv_cache=None):
+            logits, loss = super().forward(idx, targets, kv_cache=kv_cache)
+            return logits.masked_fill(torch.arange(13) < 8, -1e9), loss
+
+    torch.manual_seed(0)
+    model = NoLowIds(gpt().config).eval()
+    cached, uncached = (generate(model, TOKENS[:, :3], 10, use_cache=use, temperature=0)
+                        for use in (True, False))
+    assert (uncached[:, 3:] >= 8).all()
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.xfail(strict=True, reason="GPT.decode_step always computes pre-norm blocks")
+def test_cached_generation_follows_blocks_turned_post_norm():
+    model = gpt(context_length=30)
+    for layer in model.layers:
+        layer.norm_first = False             # forward follows it (EncoderLayer.encode)
+    cached, uncached = (generate(model, TOKENS[:, :3], 20, use_cache=use, temperature=0)
+                        for use in (True, False))
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.xfail(strict=True, reason="GPT.decode_step is unchecked: past the learned position "
+                   "table it broadcasts an empty slice and returns (B, 0, N) logits")
+def test_decode_step_past_the_context_is_refused():
+    model = gpt(context_length=10)
+    cache = KVCache(2)
+    model.decode_step(TOKENS[:, :10], cache)
+    with pytest.raises(ValueError, match="context_length=10"):
+        model.decode_step(TOKENS[:, :1], cache)
+
+
 @torch.no_grad()
 def written_out_cached_pass(model, idx, cache, *, offset=True, upper_left=False):
     """GPT.forward's cached pass, with a switch for each of the two classic mistakes."""

@@ -66,7 +66,7 @@ def test_seed_example_tokenizer():
 def test_training_stops_when_no_pair_repeats():
     assert BPETokenizer.train("abcdef", 300).merges == ()
     assert BPETokenizer.train("", 300).merges == ()
-    assert len(BPETokenizer.train("abab", 300)) == 257  # ab once more would shorten nothing
+    assert len(BPETokenizer.train("abab", 300)) == 257  # then (256, 256) occurs only once
 
 
 def test_vocab_size_256_learns_nothing():

@@ -45,8 +45,8 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor,
     ``(x - mean(x)) / sqrt(var(x) + eps) * weight + bias``, with the mean and the biased
     variance (divided by ``d_model``, not ``d_model - 1``) taken over the last dimension.
     Equal to ``F.layer_norm(x, (d_model,), weight, bias, eps)``, PyTorch's fused kernel, which
-    :class:`~minitransformer.layers.LayerNorm` calls: one pass over the numbers instead of five,
-    which matters when a model generates one token at a time (chapter 11).
+    :class:`~minitransformer.layers.LayerNorm` calls: a single call instead of these eight
+    operations, which matters when a model generates one token at a time (chapter 11).
 
     Args:
         x: ``(..., d_model)``.

@@ -112,12 +112,15 @@ def generate(
         long tensor ``(B, T + max_new_tokens)``: the prompt followed by the new tokens.
 
     Raises:
+        TypeError: a prompt that is not an integer tensor, a ``use_cache`` that is not a bool,
+            a temperature or ``top_k`` of the wrong type.
         ValueError: more tokens than ``context_length`` allows in total, or a bad prompt,
             temperature or ``top_k``.
     """
     config = model.config
     _checks.check_token_ids("idx", idx, config.vocab_size, max_len=config.context_length)
     _checks.check_int("max_new_tokens", max_new_tokens, low=0)
+    _checks.check_type("use_cache", use_cache, bool, "True or False")
     _check_sampling(temperature, top_k, config.vocab_size)
     total = idx.shape[1] + max_new_tokens
     if total > config.context_length:

@@ -153,7 +153,7 @@ class GPT(nn.Module):
 
     def decode_step(self, idx: Tensor, kv_cache: KVCache) -> Tensor:
         """``forward(idx, kv_cache=kv_cache)[0]`` for generation's inner loop: the same
-        numbers, faster (chapter 11). Unchecked, and never applies dropout.
+        numbers, faster (chapter 11). Never applies dropout.
 
         The same computation as :meth:`forward` with a cache: the new tokens embedded after the
         cached positions, then in every block ``x + attention(norm1(x))`` and
@@ -162,16 +162,25 @@ class GPT(nn.Module):
         and module calls. A decode step multiplies one vector by a few small matrices, so most
         of its time is the fixed cost of each call; on the course machines the calls saved here
         were a sixth of a step. :func:`~minitransformer.generate.generate` calls it after
-        checking its arguments once; tests hold it equal to :meth:`forward`.
+        checking its arguments once; tests hold it equal to :meth:`forward`, bit for bit.
+
+        The shortcut knows the GPT as this class builds it. A subclass that overrides
+        :meth:`forward`, or blocks changed after construction (another norm order, activation
+        or block class), take :meth:`forward` itself instead, so the two never disagree.
 
         Args:
-            idx: ``(B, T)`` the new token ids (one per row in a decode step).
+            idx: ``(B, T)`` the new token ids (one per row in a decode step); not checked.
             kv_cache: the cache :meth:`forward` would take; the new keys and values are
                 appended to it.
 
         Returns:
             logits ``(B, T, vocab_size)`` for the new tokens.
+
+        Raises:
+            ValueError: the cached and the new positions together exceed ``context_length``.
         """
+        if not self._blocks_as_built():
+            return self(idx, kv_cache=kv_cache)[0]
         past, length, width = kv_cache.seq_len, idx.shape[1], (self.config.d_model,)
         x = self._embed(idx, past)                                    # (B, T, d_model)
         mask = causal_mask(length, past + length, device=idx.device) if length > 1 else None
@@ -190,6 +199,15 @@ class GPT(nn.Module):
             x = x + F.linear(hidden, ff.linear2.weight, ff.linear2.bias)
         x = F.layer_norm(x, width, self.norm.weight, self.norm.bias, self.norm.eps)
         return F.linear(x, self.head.weight)                          # (B, T, N)
+
+    def _blocks_as_built(self) -> bool:
+        """Whether :meth:`decode_step`'s written-out pass is this model's :meth:`forward`: not
+        overridden, and every block the pre-norm, exact-GELU :class:`EncoderLayer` it built."""
+        return type(self).forward is GPT.forward and all(
+            type(layer) is EncoderLayer and layer.norm_first
+            and type(layer.feed_forward.activation) is nn.GELU
+            and layer.feed_forward.activation.approximate == "none"
+            for layer in self.layers)
 
     def _check_cache(self, kv_cache: KVCache, length: int) -> int:
         """The positions ``kv_cache`` holds, after checking that ``length`` more fit."""
@@ -218,6 +236,9 @@ class GPT(nn.Module):
 
     def _embed(self, idx: Tensor, offset: int) -> Tensor:
         """:meth:`embed` without the dropout."""
+        if offset + idx.shape[1] > self.config.context_length:   # a slice would come out empty
+            raise ValueError(f"positions {offset} to {offset + idx.shape[1] - 1} do not fit "
+                             f"context_length={self.config.context_length}")
         x = self.token_embedding(idx)                                 # (B, T, d_model)
         length = idx.shape[1]
         if self.position_embedding is not None:

@@ -156,8 +156,8 @@ class LayerNorm(nn.Module):
     ``nn.LayerNorm(d_model, eps=eps)`` with the same ``weight`` and ``bias``.
 
     Chapter 8 writes the equation out: :func:`~minitransformer.functional.layer_norm`. This
-    module computes it with PyTorch's fused kernel ``F.layer_norm`` (one pass over the numbers
-    instead of five), because every block calls it twice or three times per step, and when a
+    module computes it with PyTorch's fused kernel ``F.layer_norm`` (a single call instead of the
+    equation's eight operations), because every block calls it two or three times, and when a
     model writes one token at a time (chapter 11) the written-out version took a quarter to a
     third of each step. The two agree to float rounding (tested).
 

@@ -293,9 +293,7 @@ def test_generate_takes_the_models_decode_step_and_works_without_one():
     assert torch.equal(fast, plain)
 
 
-# Found in review (chapter 11, 2026-11-22); strict: remove the marker with the fix.
-@pytest.mark.xfail(strict=True, reason="generate calls the inherited GPT.decode_step, which "
-                   "does not run a subclass's own forward")
+# Found in review (chapter 11, 2026-11-22): the shortcut must never disagree with forward.
 def test_cached_generation_runs_a_subclass_that_changes_forward():
     class NoLowIds(GPT):                     # a GPT that never predicts ids below 8
         def forward(self, idx, targets=None, *, kv_cache=None):
@@ -310,7 +308,6 @@ def test_cached_generation_runs_a_subclass_that_changes_forward():
     assert torch.equal(cached, uncached)
 
 
-@pytest.mark.xfail(strict=True, reason="GPT.decode_step always computes pre-norm blocks")
 def test_cached_generation_follows_blocks_turned_post_norm():
     model = gpt(context_length=30)
     for layer in model.layers:
@@ -320,14 +317,23 @@ def test_cached_generation_follows_blocks_turned_post_norm():
     assert torch.equal(cached, uncached)
 
 
-@pytest.mark.xfail(strict=True, reason="GPT.decode_step is unchecked: past the learned position "
-                   "table it broadcasts an empty slice and returns (B, 0, N) logits")
-def test_decode_step_past_the_context_is_refused():
-    model = gpt(context_length=10)
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_decode_step_past_the_context_is_refused(positional):
+    model = gpt(positional, context_length=10)
     cache = KVCache(2)
     model.decode_step(TOKENS[:, :10], cache)
-    with pytest.raises(ValueError, match="context_length=10"):
+    with pytest.raises(ValueError, match="positions 10 to 10 do not fit context_length=10"):
         model.decode_step(TOKENS[:, :1], cache)
+    with pytest.raises(ValueError, match="positions 8 to 11 do not fit context_length=10"):
+        model.embed(TOKENS[:, :4], offset=8)      # used to return an empty (B, 0, d) slice
+
+
+def test_cached_generation_follows_a_block_given_another_activation():
+    model = gpt(context_length=30)
+    model.layers[1].feed_forward.activation = nn.ReLU()
+    cached, uncached = (generate(model, TOKENS[:, :3], 20, use_cache=use, temperature=0)
+                        for use in (True, False))
+    assert torch.equal(cached, uncached)
 
 
 @torch.no_grad()

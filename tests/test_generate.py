@@ -191,6 +191,8 @@ def test_too_many_tokens_for_the_context_is_a_value_error(gpt):
     (dict(max_new_tokens=-1), ValueError, "max_new_tokens must be at least 0"),
     (dict(idx=torch.tensor([[1, 9]])), ValueError, "token id 9"),
     (dict(idx=torch.tensor([1, 2])), ValueError, r"shape \(B, T\)"),
+    (dict(use_cache="yes"), TypeError, "use_cache must be True or False, got str"),
+    (dict(use_cache=None), TypeError, "use_cache must be True or False, got None"),
 ])
 def test_generate_names_bad_arguments(gpt, kwargs, error, message):
     args = dict(idx=torch.tensor([[1, 2]]), max_new_tokens=2) | kwargs

@@ -279,3 +279,23 @@ def test_decoding_half_a_character_replaces_it():
     assert len(ids) == 2
     assert tokenizer.decode(ids[:1]) == "\ufffd"
     assert tokenizer.decode_bytes(ids[:1]) == "é".encode("utf-8")[:1]
+
+
+# ----- the chapter's place in the book (issue 13) ------------------------------------------------
+
+def test_chapter_12_is_listed_and_its_sources_are_in_the_bibliography():
+    import re
+
+    root = CORPUS.parent.parent.parent
+    assert "book/12_tokenization_bpe" in (root / "_toc.yml").read_text(encoding="utf-8")
+    intro = (root / "book" / "intro.md").read_text(encoding="utf-8")
+    assert re.search(r"^12\. .*12_tokenization_bpe", intro, re.M)  # the map of chapters
+    assert re.search(r"^\| 12 \| Tokenization with byte-pair encoding \|.*`bpe`",
+                     (root / "README.md").read_text(encoding="utf-8"), re.M)
+    bib = (root / "references.bib").read_text(encoding="utf-8")
+    for key in ("gage1994new", "sennrich2016neural", "radford2019language"):
+        assert re.search(r"@\w+\{" + key + ",", bib), key
+    chapter = (root / "book" / "12_tokenization_bpe.ipynb").read_text(encoding="utf-8")
+    cited = set(re.findall(r"\{cite\}`([^`]+)`", chapter))
+    assert {"gage1994new", "sennrich2016neural", "radford2019language"} <= cited
+    assert all(re.search(r"@\w+\{" + key + ",", bib) for key in cited), cited

@@ -7,7 +7,11 @@ For every book/*.ipynb:
 - no code cell of an exercise (its stub, checker call or solution) binds a public name of
   ``minitransformer`` at the top level: a learner's ``def causal_mask`` would shadow the package's;
 - no timing metadata (re-executing an unchanged notebook must change no byte);
-- every code cell was executed, top to bottom in one fresh kernel (execution counts 1, 2, 3, ...).
+- every code cell was executed, top to bottom in one fresh kernel (execution counts 1, 2, 3, ...);
+- links to other pages of the book are markdown links to the file, ``[chapter 7](07_x.ipynb)``:
+  Jupyter Book turns them into links to the page, and JupyterLab opens the notebook. A
+  ``{doc}`chapter 7 <07_x>``` role works in the book only; in JupyterLab it pointed at a file
+  without its extension, which does not exist (and one split over two lines rendered as text).
 
 Each failure names the notebook's cell (its index in the file, as nbformat counts) and the line.
 """
@@ -203,6 +207,29 @@ def test_every_code_cell_ran_top_to_bottom_in_one_kernel(notebook):
         "the notebook top to bottom in a fresh kernel (`make execute NB=...`)")
 
 
+LINK = re.compile(r"\[[^\]]+\]\(([^)\s]+)\)")
+
+
+def _book_links(notebook: Path) -> list[tuple[int, str]]:
+    """(cell index, target) of every markdown link to a file of the book (not a URL or #anchor)."""
+    return [(index, match.group(1)) for index, cell in enumerate(_cells(notebook))
+            if cell["cell_type"] == "markdown"
+            for match in LINK.finditer(_source(cell))
+            if not re.match(r"[a-z]+:|#", match.group(1))]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_links_to_other_pages_open_in_the_book_and_in_jupyterlab(notebook):
+    roles = [(index, role) for index, cell in enumerate(_cells(notebook))
+             if cell["cell_type"] == "markdown"
+             for role in re.findall(r"\{doc\}`[^`]*`", _source(cell))]
+    assert not roles, (f"{notebook.name}: write [text](file.ipynb) instead of {{doc}}, which "
+                       f"JupyterLab cannot open: cells {roles}")
+    missing = [(index, target) for index, target in _book_links(notebook)
+               if not (notebook.parent / target.split("#")[0]).is_file()]
+    assert not missing, f"{notebook.name}: links to files that do not exist: {missing}"
+
+
 def test_the_rules_catch_what_they_claim():
     """The parsers above, on small made-up notebooks (a rule that cannot fail is no rule)."""
     def md(text):
@@ -231,3 +258,7 @@ def test_the_rules_catch_what_they_claim():
                      "        pass\ndef f():\n    one_hot = 1\n")
     assert sorted(name for name, _ in _top_level_bindings(tree)) == ["f", "heatmap", "np",
                                                                      "padding_mask", "tokenize"]
+    text = ("See [chapter 7](07_x.ipynb), [the notation](notation.md#symbols), "
+            "[PyTorch](https://pytorch.org) and [above](#masks).")
+    assert [m.group(1) for m in LINK.finditer(text)] == ["07_x.ipynb", "notation.md#symbols",
+                                                         "https://pytorch.org", "#masks"]

@@ -18,8 +18,9 @@ from torch import Tensor, nn
 
 from minitransformer import _checks
 
-#: A progress bar that fits a notebook's 79 columns with the losses after it (no rate).
-BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+#: A progress bar that fits a notebook's 79 columns, with the losses after it. No rate and no
+#: elapsed time: a stored notebook must come out byte for byte the same when it runs again.
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt}{postfix}"
 
 
 @dataclass

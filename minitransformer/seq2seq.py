@@ -250,14 +250,22 @@ class Seq2Seq(nn.Module):
 
         Raises:
             TypeError, ValueError: as :meth:`encode`; ``max_new_tokens`` not a positive int or
-                ``max_new_tokens + 1 > context_length``.
+                ``max_new_tokens + 1 > context_length``; ``use_cache`` not a bool.
         """
-        c = self.config
         self._check_max_new_tokens(max_new_tokens)
+        _checks.check_type("use_cache", use_cache, bool, "True or False")
         self._check_src(src)                       # before eval(): a bad source changes no mode
         was_training = self.training
         self.eval()
-        source = self.read_source(src, use_cache=use_cache)
+        try:
+            return self._greedy(src, max_new_tokens, use_cache)
+        finally:
+            self.train(was_training)
+
+    def _greedy(self, src: Tensor, max_new_tokens: int, use_cache: bool) -> Tensor:
+        """:meth:`translate`'s loop, on checked arguments."""
+        c = self.config
+        source = self._read_source(src, use_cache)
         cache = KVCache(c.num_layers, max_len=max_new_tokens + 1) if use_cache else None
         out = torch.full((src.shape[0], 1), c.bos_id, dtype=torch.long, device=src.device)
         done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
@@ -269,7 +277,6 @@ class Seq2Seq(nn.Module):
             done |= next_id == c.eos_id
             if done.all():
                 break
-        self.train(was_training)
         return out
 
     @torch.no_grad()
@@ -282,10 +289,12 @@ class Seq2Seq(nn.Module):
         self._check_tgt("tgt_in", tgt_in, src)
         was_training = self.training
         self.eval()
-        mask = padding_mask(src, self.config.pad_id)
-        weights: list[Tensor] = []
-        self._decode(tgt_in, self._encode(src, mask), mask, weights=weights)
-        self.train(was_training)
+        try:
+            mask = padding_mask(src, self.config.pad_id)
+            weights: list[Tensor] = []
+            self._decode(tgt_in, self._encode(src, mask), mask, weights=weights)
+        finally:
+            self.train(was_training)
         return weights
 
     # --- generation: encode once, then one step at a time -------------------------------------
@@ -293,7 +302,11 @@ class Seq2Seq(nn.Module):
     def read_source(self, src: Tensor, *, use_cache: bool = True) -> SourceMemory:
         """Encode ``src`` (checked as in :meth:`encode`) for generation; with ``use_cache`` also
         project the memory to every decoder layer's cross-attention keys and values, once."""
+        _checks.check_type("use_cache", use_cache, bool, "True or False")
         self._check_src(src)
+        return self._read_source(src, use_cache)
+
+    def _read_source(self, src: Tensor, use_cache: bool) -> SourceMemory:
         mask = padding_mask(src, self.config.pad_id)
         memory = self._encode(src, mask)
         keys_values = self.memory_keys_values(memory) if use_cache else None

@@ -616,3 +616,41 @@ def test_exact_match_of_a_list_is_a_type_error():
     """Project rule: a wrong type is a TypeError (a wrong value a ValueError)."""
     with pytest.raises(TypeError, match="translations"):
         exact_match([[BOS, 5, EOS]], torch.tensor([[5, EOS]]))
+
+
+@pytest.mark.parametrize("decode", [
+    "translate", "cross_attention_weights",
+    pytest.param("beam_search", marks=pytest.mark.xfail(
+        strict=True, reason="generate.beam_search restores the mode without try/finally")),
+])
+def test_an_error_while_decoding_leaves_the_training_mode_alone(decode):
+    """The mode is restored in finally: an error raised after self.eval() (here from the
+    decoder; for a learner, often a KeyboardInterrupt) does not leave a training model in eval
+    mode, where its dropout would be silently off."""
+    model = small_model(dropout=0.1).train()
+    src, tgt_in, _ = batch()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the decoder failed")
+
+    model._decode = broken                              # an instance attribute, this model only
+    with pytest.raises(RuntimeError, match="the decoder failed"):
+        if decode == "translate":
+            model.translate(src, 4)
+        elif decode == "cross_attention_weights":
+            model.cross_attention_weights(src, tgt_in)
+        else:
+            beam_search(model, src, beam_size=2, max_new_tokens=4)
+    assert all(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize("method", ["translate", "read_source"])
+def test_use_cache_must_be_a_bool(method):
+    """As in generate: use_cache="no" is truthy, and would have switched the cache on."""
+    model = small_model()
+    src, _, _ = batch()
+    with pytest.raises(TypeError, match="use_cache must be True or False, got str"):
+        if method == "translate":
+            model.translate(src, 4, use_cache="no")
+        else:
+            model.read_source(src, use_cache="no")

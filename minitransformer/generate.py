@@ -191,7 +191,21 @@ def beam_search(model: nn.Module, src: Tensor, *, beam_size: int, max_new_tokens
     model._check_src(src)                          # before eval(): a bad source changes no mode
     was_training = model.training
     model.eval()
-    source = model.read_source(src).repeat_interleave(k)            # B * k copies
+    try:
+        seqs = _beams(model, src, k, max_new_tokens)                 # (B, k, t), best first
+    finally:
+        model.train(was_training)
+    seqs = seqs[:, 0]                                                # the best beam
+    is_eos = seqs == c.eos_id
+    ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, seqs.shape[1])
+    return seqs[:, : int(ends.max())]                                # as long as greedy's
+
+
+def _beams(model: nn.Module, src: Tensor, k: int, max_new_tokens: int) -> Tensor:
+    """:func:`beam_search`'s search, on checked arguments, in eval mode: ``(B, k, t)`` ids, each
+    sentence's ``k`` beams best first."""
+    c = model.config
+    source = model._read_source(src, True).repeat_interleave(k)     # B * k copies
     batch = src.shape[0]
     seqs = torch.full((batch * k, 1), c.bos_id, dtype=torch.long, device=src.device)
     scores = torch.full((batch, k), float("-inf"), dtype=source.memory.dtype, device=src.device)
@@ -209,8 +223,4 @@ def beam_search(model: nn.Module, src: Tensor, *, beam_size: int, max_new_tokens
         done = done[rows] | (token.flatten() == c.eos_id)
         if done.all():
             break
-    model.train(was_training)
-    seqs = seqs.reshape(batch, k, -1)[:, 0]                          # the best beam
-    is_eos = seqs == c.eos_id
-    ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, seqs.shape[1])
-    return seqs[:, : int(ends.max())]                                # as long as greedy's
+    return seqs.reshape(batch, k, -1)

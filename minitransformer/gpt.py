@@ -260,15 +260,15 @@ class GPT(nn.Module):
         _checks.check_token_ids("idx", idx, c.vocab_size, max_len=c.context_length)
         was_training = self.training
         self.eval()
-        x = self.embed(idx)
-        mask = causal_mask(idx.shape[1], device=idx.device)
-        weights = []
-        for layer in self.layers:
-            h = layer.norm1.normalize(x)                 # the blocks are pre-norm
-            weights.append(layer.self_attn.attend(h, h, h, attn_mask=mask,
-                                                  return_weights=True)[1])
-            x = layer.encode(x, attn_mask=mask)
-        self.train(was_training)
+        try:
+            x = self.embed(idx)
+            mask = causal_mask(idx.shape[1], device=idx.device)
+            weights = []
+            for layer in self.layers:
+                x, layer_weights = layer.encode(x, attn_mask=mask, return_weights=True)
+                weights.append(layer_weights)
+        finally:
+            self.train(was_training)
         return weights
 
     def extra_repr(self) -> str:

@@ -297,21 +297,38 @@ class EncoderLayer(nn.Module):
         return self.encode(x, attn_mask=attn_mask, kv_cache=kv_cache, layer_idx=layer_idx)
 
     def encode(self, x: Tensor, *, attn_mask: Tensor | None = None,
-               kv_cache: KVCache | None = None, layer_idx: int = 0) -> Tensor:
-        """:meth:`forward` without the input checks (for callers that checked)."""
+               kv_cache: KVCache | None = None, layer_idx: int = 0,
+               return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`forward` without the input checks (for callers that checked).
+
+        ``return_weights``: also return the self-attention weights ``(B, num_heads, T, T_k)``,
+        as the pair ``(output, weights)``; the heads then go through the written-out attention
+        (see :meth:`~minitransformer.attention.MultiHeadAttention.attend`).
+        """
+        weights = [] if return_weights else None              # the self-attention's, if asked
         if self.norm_first:
-            x = x + self._self_attention(self.norm1.normalize(x), attn_mask, kv_cache, layer_idx)
+            x = x + self._self_attention(self.norm1.normalize(x), attn_mask, kv_cache, layer_idx,
+                                         weights)
             x = x + self._feed_forward(self.norm2.normalize(x))
         else:
-            x = self.norm1.normalize(x + self._self_attention(x, attn_mask, kv_cache, layer_idx))
+            x = self.norm1.normalize(x + self._self_attention(x, attn_mask, kv_cache, layer_idx,
+                                                              weights))
             x = self.norm2.normalize(x + self._feed_forward(x))
-        return x
+        return (x, weights[0]) if return_weights else x
 
     def _self_attention(self, x: Tensor, attn_mask: Tensor | None,
-                        kv_cache: KVCache | None = None, layer_idx: int = 0) -> Tensor:
-        return _dropout(self.dropout1, self.self_attn.attend(x, x, x, attn_mask=attn_mask,
-                                                             kv_cache=kv_cache,
-                                                             layer_idx=layer_idx))
+                        kv_cache: KVCache | None = None, layer_idx: int = 0,
+                        weights: list[Tensor] | None = None) -> Tensor:
+        """The self-attention sub-layer; appends its weights to ``weights`` if that is a list."""
+        if weights is None:
+            out = self.self_attn.attend(x, x, x, attn_mask=attn_mask, kv_cache=kv_cache,
+                                        layer_idx=layer_idx)
+        else:
+            out, attention = self.self_attn.attend(x, x, x, attn_mask=attn_mask,
+                                                   kv_cache=kv_cache, layer_idx=layer_idx,
+                                                   return_weights=True)
+            weights.append(attention)
+        return _dropout(self.dropout1, out)
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         return _dropout(self.dropout2, self.feed_forward.transform(x))

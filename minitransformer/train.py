@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+
 import tqdm
 from torch import Tensor, nn
 
@@ -159,6 +161,7 @@ def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
                 postfix["val loss"] = f"{history.val_losses[-1]:.3f}"
             bar.set_postfix(postfix)
     bar.close()
+    sys.stderr.flush()  # the bar's last newline before anything printed next (notebook order)
     model.eval()
     return history
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from minitransformer.gpt import GPT, GPTConfig, count_parameters
+from minitransformer.masks import causal_mask
 
 
 def small_config(**changes):
@@ -120,6 +121,32 @@ def test_attention_weights_are_computed_without_dropout_and_keep_the_mode():
     for a, b in zip(first, again):                     # no dropout: the same weights twice,
         torch.testing.assert_close(a, b)               # rows of probabilities
         torch.testing.assert_close(a.sum(-1), torch.ones(2, 2, 6))
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_attention_weights_are_each_blocks_own_even_when_blocks_change(norm_first):
+    torch.manual_seed(0)
+    model = GPT(small_config()).eval()
+    for layer in model.layers:
+        layer.norm_first = norm_first            # post-norm: attention reads x, not norm1(x)
+        torch.nn.init.normal_(layer.norm1.weight)
+    idx = torch.randint(11, (2, 6))
+    mask = causal_mask(6)
+    with torch.no_grad():
+        x = model.embed(idx)
+        for layer, got in zip(model.layers, model.attention_weights(idx)):
+            h = layer.norm1(x) if norm_first else x
+            expected = layer.self_attn(h, attn_mask=mask, return_weights=True)[1]
+            torch.testing.assert_close(got, expected)
+            x = layer(x, attn_mask=mask)
+
+
+def test_attention_weights_restore_the_mode_after_an_error():
+    model = GPT(small_config(dropout=0.1)).train()
+    model.embed = lambda idx: 1 / 0                # an error after eval()
+    with pytest.raises(ZeroDivisionError):
+        model.attention_weights(torch.randint(11, (1, 4)))
+    assert model.training
 
 
 def test_d_ff_defaults_to_four_times_d_model():

@@ -297,6 +297,20 @@ def test_written_out_layer_norm_checks_its_arguments():
         layer_norm(x, w, w, 0)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encode_can_return_the_self_attention_weights(norm_first):
+    _ = torch.manual_seed(0)
+    layer = EncoderLayer(8, 2, 16, norm_first=norm_first).eval()
+    torch.nn.init.normal_(layer.norm1.weight)
+    x, mask = torch.randn(3, 5, 8), causal_mask(5)
+    out, weights = layer.encode(x, attn_mask=mask, return_weights=True)
+    torch.testing.assert_close(out, layer.encode(x, attn_mask=mask))
+    attention_input = layer.norm1(x) if norm_first else x
+    expected = layer.self_attn(attention_input, attn_mask=mask, return_weights=True)[1]
+    torch.testing.assert_close(weights, expected)
+    assert weights.shape == (3, 2, 5, 5) and (weights.triu(diagonal=1) == 0).all()
+
+
 # --- EncoderLayer and DecoderLayer equal PyTorch's layers ---------------------------------
 
 D_MODEL, HEADS, D_FF, B, T, T_MEMORY = 16, 4, 32, 3, 6, 5

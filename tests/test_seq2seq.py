@@ -620,8 +620,7 @@ def test_exact_match_of_a_list_is_a_type_error():
 
 @pytest.mark.parametrize("decode", [
     "translate", "cross_attention_weights",
-    pytest.param("beam_search", marks=pytest.mark.xfail(
-        strict=True, reason="generate.beam_search restores the mode without try/finally")),
+    "beam_search",
 ])
 def test_an_error_while_decoding_leaves_the_training_mode_alone(decode):
     """The mode is restored in finally: an error raised after self.eval() (here from the

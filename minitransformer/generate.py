@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from minitransformer import _checks
+from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
 from minitransformer.functional import softmax
 
@@ -127,14 +128,9 @@ def generate(
         raise ValueError(f"the prompt's {idx.shape[1]} tokens plus max_new_tokens="
                          f"{max_new_tokens} make {total}, more than context_length="
                          f"{config.context_length}")
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            idx = _continue(model, idx.long(), max_new_tokens, use_cache, temperature, top_k,
-                            generator)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        idx = _continue(model, idx.long(), max_new_tokens, use_cache, temperature, top_k,
+                        generator)
     return idx.clone()                           # an ordinary tensor, not an inference tensor
 
 
@@ -189,12 +185,8 @@ def beam_search(model: nn.Module, src: Tensor, *, beam_size: int, max_new_tokens
         raise ValueError(f"max_new_tokens={max_new_tokens} plus <bos> needs {max_new_tokens + 1} "
                          f"positions, more than context_length={c.context_length}")
     model._check_src(src)                          # before eval(): a bad source changes no mode
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         seqs = _beams(model, src, k, max_new_tokens)                 # (B, k, t), best first
-    finally:
-        model.train(was_training)
     seqs = seqs[:, 0]                                                # the best beam
     is_eos = seqs == c.eos_id
     ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, seqs.shape[1])

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minitransformer import _checks
+from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
 from minitransformer.layers import EncoderLayer, LayerNorm, _dropout
 from minitransformer.masks import causal_mask
@@ -258,17 +259,13 @@ class GPT(nn.Module):
         eval mode (no dropout on the weights); the mode is restored."""
         c = self.config
         _checks.check_token_ids("idx", idx, c.vocab_size, max_len=c.context_length)
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             x = self.embed(idx)
             mask = causal_mask(idx.shape[1], device=idx.device)
             weights = []
             for layer in self.layers:
                 x, layer_weights = layer.encode(x, attn_mask=mask, return_weights=True)
                 weights.append(layer_weights)
-        finally:
-            self.train(was_training)
         return weights
 
     def extra_repr(self) -> str:

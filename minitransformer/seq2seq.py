@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minitransformer import _checks
+from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
 from minitransformer.layers import DecoderLayer, EncoderLayer, LayerNorm
 from minitransformer.masks import causal_mask, padding_mask
@@ -255,12 +256,8 @@ class Seq2Seq(nn.Module):
         self._check_max_new_tokens(max_new_tokens)
         _checks.check_type("use_cache", use_cache, bool, "True or False")
         self._check_src(src)                       # before eval(): a bad source changes no mode
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             return self._greedy(src, max_new_tokens, use_cache)
-        finally:
-            self.train(was_training)
 
     def _greedy(self, src: Tensor, max_new_tokens: int, use_cache: bool) -> Tensor:
         """:meth:`translate`'s loop, on checked arguments."""
@@ -287,14 +284,10 @@ class Seq2Seq(nn.Module):
         Computed in eval mode (the mode is restored), as in :meth:`translate`."""
         self._check_src(src)
         self._check_tgt("tgt_in", tgt_in, src)
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             mask = padding_mask(src, self.config.pad_id)
             weights: list[Tensor] = []
             self._decode(tgt_in, self._encode(src, mask), mask, weights=weights)
-        finally:
-            self.train(was_training)
         return weights
 
     # --- generation: encode once, then one step at a time -------------------------------------

@@ -19,6 +19,7 @@ import tqdm
 from torch import Tensor, nn
 
 from minitransformer import _checks
+from minitransformer._modes import eval_mode
 
 #: A progress bar that fits a notebook's 79 columns, with the losses after it. No rate and no
 #: elapsed time: a stored notebook must come out byte for byte the same when it runs again.
@@ -171,14 +172,12 @@ def evaluate(model: nn.Module, batches: Iterable[tuple]) -> float:
     """The mean loss of ``model`` over ``batches``, in eval mode (no dropout), each batch
     weighted by its size (the first dimension of its first tensor). The model's mode is
     restored afterwards."""
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    for batch in batches:
-        size = batch[0].shape[0] if isinstance(batch, tuple) and batch else 0
-        total += _loss_of(model, batch).item() * size
-        count += size
-    model.train(was_training)
+    with eval_mode(model):
+        for batch in batches:
+            size = batch[0].shape[0] if isinstance(batch, tuple) and batch else 0
+            total += _loss_of(model, batch).item() * size
+            count += size
     if count == 0:
         raise ValueError("evaluate needs at least one non-empty batch")
     return total / count

@@ -6,8 +6,9 @@ Run from the repository root:  .venv/bin/python benchmarks/kv_cache.py [--thread
 A randomly initialised GPT (vocab 256, d_model 128, 4 layers, 4 heads, context_length 1024, float32,
 CPU) continues a 4-token prompt greedily with ``generate(..., use_cache=True)`` and
 ``use_cache=False``; the two must give the same tokens. With the cache, ``generate`` steps through
-``GPT.decode_step``, the speed path (the cached forward pass without the blocks' method and module
-calls; tests hold it bit-for-bit equal to ``GPT.forward(..., kv_cache=...)``). It prints
+the function ``GPT.make_decode_step()`` returns, the speed path (the cached forward pass on weights
+looked up once, without the blocks' method and module calls; tests hold it bit-for-bit equal to
+``GPT.forward(..., kv_cache=...)``). It prints
   * the total time of each and the speed-up for 64, 256, 512 and 1,000 new tokens, at ``--threads``
     threads and then again at 1 thread (with 2 threads the uncached pass, a big matrix product,
     runs in parallel, while a cached step is too small to gain from a second thread);
@@ -67,14 +68,15 @@ def speed_up(model: GPT, prompt: torch.Tensor, new_tokens: int,
 @torch.inference_mode()
 def per_token_times(model: GPT, prompt: torch.Tensor, new_tokens: int) -> list[float]:
     """Seconds for each cached decode step of one generation (the prefill not included), each
-    step as ``generate`` takes it: ``sample_next``, then ``decode_step``."""
+    step as ``generate`` takes it: ``sample_next``, then the model's step function."""
     cache = KVCache(CONFIG.num_layers, max_len=PROMPT_LENGTH + new_tokens)
-    logits = model.decode_step(prompt, cache)
+    step = model.make_decode_step()
+    logits = step(prompt, cache)
     times = []
     for _ in range(new_tokens):
         start = time.perf_counter()
         next_id = sample_next(logits[:, -1], temperature=0)
-        logits = model.decode_step(next_id[:, None], cache)
+        logits = step(next_id[:, None], cache)
         times.append(time.perf_counter() - start)
     return times
 

@@ -140,7 +140,8 @@ def _continue(model: nn.Module, idx: Tensor, max_new_tokens: int, use_cache: boo
     """:func:`generate`'s loop, on checked arguments: ``idx`` followed by the new tokens."""
     total = idx.shape[1] + max_new_tokens
     cache = KVCache(model.config.num_layers, max_len=total) if use_cache else None
-    step = getattr(model, "decode_step", None)   # a faster cached pass, when the model has one
+    make_step = getattr(model, "make_decode_step", None)  # a faster cached pass, if there is one
+    step = make_step() if cache is not None and make_step is not None else None
     new = idx                                    # what the model has not seen yet
     for _ in range(max_new_tokens):
         if cache is None:

@@ -9,7 +9,9 @@ encoder layer's shape, self-attention plus feed-forward with no cross-attention.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +71,33 @@ class GPTConfig:
         _checks.check_choice("positional", self.positional, POSITIONAL)
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+
+
+class _BlockWeights(NamedTuple):
+    """One pre-norm block's parameters, looked up once for :meth:`GPT.make_decode_step`:
+    ``(weight, bias)`` of each linear layer, ``(weight, bias, eps)`` of each layer norm."""
+
+    norm1: tuple[Tensor, Tensor, float]
+    q_proj: tuple[Tensor, Tensor]
+    k_proj: tuple[Tensor, Tensor]
+    v_proj: tuple[Tensor, Tensor]
+    out_proj: tuple[Tensor, Tensor]
+    norm2: tuple[Tensor, Tensor, float]
+    linear1: tuple[Tensor, Tensor]
+    linear2: tuple[Tensor, Tensor]
+
+    @staticmethod
+    def norm(norm: LayerNorm) -> tuple[Tensor, Tensor, float]:
+        return norm.weight, norm.bias, norm.eps
+
+    @classmethod
+    def of(cls, layer: EncoderLayer) -> _BlockWeights:
+        attn, ff = layer.self_attn, layer.feed_forward
+        q, k, v, out, l1, l2 = (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj,
+                                ff.linear1, ff.linear2)
+        return cls(cls.norm(layer.norm1), (q.weight, q.bias), (k.weight, k.bias),
+                   (v.weight, v.bias), (out.weight, out.bias), cls.norm(layer.norm2),
+                   (l1.weight, l1.bias), (l2.weight, l2.bias))
 
 
 class GPT(nn.Module):
@@ -153,53 +182,71 @@ class GPT(nn.Module):
         return logits, loss
 
     def decode_step(self, idx: Tensor, kv_cache: KVCache) -> Tensor:
-        """``forward(idx, kv_cache=kv_cache)[0]`` for generation's inner loop: the same
-        numbers, faster (chapter 11). Never applies dropout.
+        """``forward(idx, kv_cache=kv_cache)[0]``, the same numbers bit for bit, through the
+        speed path of chapter 11: ``self.make_decode_step()(idx, kv_cache)``. A loop of steps
+        should make the step function once and call it, as
+        :func:`~minitransformer.generate.generate` does."""
+        return self.make_decode_step()(idx, kv_cache)
 
-        The same computation as :meth:`forward` with a cache: the new tokens embedded after the
-        cached positions, then in every block ``x + attention(norm1(x))`` and
-        ``x + feed_forward(norm2(x))``, the final norm and the head. It is written with
-        PyTorch's functions on the blocks' own weights instead of through the blocks' methods
-        and module calls. A decode step multiplies one vector by a few small matrices, so most
-        of its time is the fixed cost of each call; on the course machines the calls saved here
-        were a sixth of a step. :func:`~minitransformer.generate.generate` calls it after
-        checking its arguments once; tests hold it equal to :meth:`forward`, bit for bit.
+    def make_decode_step(self) -> Callable[[Tensor, KVCache], Tensor]:
+        """A function ``step(idx, kv_cache) -> logits`` that computes
+        ``forward(idx, kv_cache=kv_cache)[0]``, bit for bit, faster: generation's inner loop
+        (chapter 11). It never applies dropout.
 
-        The shortcut knows the GPT as this class builds it. A subclass that overrides
-        :meth:`forward`, or blocks changed after construction (another norm order, activation
-        or block class), take :meth:`forward` itself instead, so the two never disagree.
+        A decode step multiplies one vector by a few small matrices, so most of its time is
+        the fixed cost of each call rather than arithmetic. The step therefore does the cached
+        forward pass's operations in the same order, on the same weights, but
 
-        Args:
-            idx: ``(B, T)`` the new token ids (one per row in a decode step); not checked.
-            kv_cache: the cache :meth:`forward` would take; the new keys and values are
-                appended to it.
+        * looks the weights up once, here, instead of through every block's sub-modules at
+          every token (``layer.self_attn.q_proj.weight`` is three ``nn.Module`` attribute
+          lookups), and
+        * calls PyTorch's functions directly instead of the blocks' methods.
 
-        Returns:
-            logits ``(B, T, vocab_size)`` for the new tokens.
+        On the course machines this took a cached step from about 1.1 to 0.8 ms.
+        :func:`~minitransformer.generate.generate` makes one step function per call, after
+        checking its arguments once; tests hold the step equal to :meth:`forward`.
 
-        Raises:
-            ValueError: the cached and the new positions together exceed ``context_length``.
+        The step holds the weight tensors themselves, so an optimizer that updates them in place
+        is seen, but a weight replaced by a new tensor (or blocks changed) afterwards is not:
+        make a new step function after changing the model. The shortcut knows the GPT as this
+        class builds it; a subclass that overrides :meth:`forward`, or blocks changed after
+        construction (another norm order, activation or block class), get :meth:`forward`
+        itself, so the two never disagree.
+
+        The returned ``step`` takes ``idx`` ``(B, T)``, the new token ids (one per row in a
+        decode step; not checked), and the :class:`~minitransformer.cache.KVCache` that
+        :meth:`forward` would take, to which it appends the new keys and values. It returns the
+        logits ``(B, T, vocab_size)`` of the new tokens, and raises ``ValueError`` when the
+        cached and the new positions together exceed ``context_length``.
         """
         if not self._blocks_as_built():
-            return self(idx, kv_cache=kv_cache)[0]
-        past, length, width = kv_cache.seq_len, idx.shape[1], (self.config.d_model,)
-        x = self._embed(idx, past)                                    # (B, T, d_model)
-        mask = causal_mask(length, past + length, device=idx.device) if length > 1 else None
-        for i, layer in enumerate(self.layers):                      # pre-norm, GELU blocks
-            attn, ff, norm1, norm2 = (layer.self_attn, layer.feed_forward, layer.norm1,
-                                      layer.norm2)
-            h = F.layer_norm(x, width, norm1.weight, norm1.bias, norm1.eps)
-            q = attn.split_heads(F.linear(h, attn.q_proj.weight, attn.q_proj.bias))
-            k = attn.split_heads(F.linear(h, attn.k_proj.weight, attn.k_proj.bias))
-            v = attn.split_heads(F.linear(h, attn.v_proj.weight, attn.v_proj.bias))
-            k, v = kv_cache.update(i, k, v)                           # (B, h, past + T, d_k)
-            heads = F.scaled_dot_product_attention(q, k, v, mask)
-            x = x + F.linear(attn.merge_heads(heads), attn.out_proj.weight, attn.out_proj.bias)
-            h = F.layer_norm(x, width, norm2.weight, norm2.bias, norm2.eps)
-            hidden = F.gelu(F.linear(h, ff.linear1.weight, ff.linear1.bias))
-            x = x + F.linear(hidden, ff.linear2.weight, ff.linear2.bias)
-        x = F.layer_norm(x, width, self.norm.weight, self.norm.bias, self.norm.eps)
-        return F.linear(x, self.head.weight)                          # (B, T, N)
+            return lambda idx, kv_cache: self(idx, kv_cache=kv_cache)[0]
+        blocks = [_BlockWeights.of(layer) for layer in self.layers]
+        final_norm, head = _BlockWeights.norm(self.norm), self.head.weight
+        width, heads = (self.config.d_model,), self.config.num_heads
+
+        def split_heads(t: Tensor) -> Tensor:                     # (B, T, d) -> (B, h, T, d_k)
+            batch, length, _ = t.shape
+            return t.view(batch, length, heads, -1).transpose(1, 2)
+
+        def step(idx: Tensor, kv_cache: KVCache) -> Tensor:
+            past, length = kv_cache.seq_len, idx.shape[1]
+            x = self._embed(idx, past)                                # (B, T, d_model)
+            mask = causal_mask(length, past + length, device=idx.device) if length > 1 else None
+            for i, b in enumerate(blocks):                           # pre-norm, GELU blocks
+                h = F.layer_norm(x, width, *b.norm1)
+                q = split_heads(F.linear(h, *b.q_proj))
+                k = split_heads(F.linear(h, *b.k_proj))
+                v = split_heads(F.linear(h, *b.v_proj))
+                k, v = kv_cache.update(i, k, v)                       # (B, h, past + T, d_k)
+                attended = F.scaled_dot_product_attention(q, k, v, mask).transpose(1, 2)
+                x = x + F.linear(attended.reshape(x.shape), *b.out_proj)
+                h = F.layer_norm(x, width, *b.norm2)
+                x = x + F.linear(F.gelu(F.linear(h, *b.linear1)), *b.linear2)
+            x = F.layer_norm(x, width, *final_norm)
+            return F.linear(x, head)                                  # (B, T, N)
+
+        return step
 
     def _blocks_as_built(self) -> bool:
         """Whether :meth:`decode_step`'s written-out pass is this model's :meth:`forward`: not

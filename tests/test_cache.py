@@ -272,7 +272,7 @@ def test_decode_step_applies_no_dropout_even_in_training_mode():
         assert torch.equal(fast, cached_logits(model, TOKENS, 24))
 
 
-def test_generate_takes_the_models_decode_step_and_works_without_one():
+def test_generate_makes_one_decode_step_and_works_without_one():
     model = gpt("learned", context_length=64)
 
     class WithoutDecodeStep(nn.Module):      # a model that offers forward(kv_cache=) only
@@ -283,14 +283,39 @@ def test_generate_takes_the_models_decode_step_and_works_without_one():
         def forward(self, idx, targets=None, *, kv_cache=None):
             return self.inner(idx, targets, kv_cache=kv_cache)
 
-    calls = []
-    original = model.decode_step
-    model.decode_step = lambda idx, cache: calls.append(idx.shape) or original(idx, cache)
+    made, calls = [], []
+    original = model.make_decode_step
+
+    def counting_make_decode_step():
+        step = original()
+        made.append(step)
+        return lambda idx, cache: calls.append(idx.shape) or step(idx, cache)
+
+    model.make_decode_step = counting_make_decode_step
     fast = generate(model, TOKENS[:, :5], 20, temperature=0)
+    assert len(made) == 1                                          # once per generation
     assert calls[0] == (3, 5) and calls[1:] == [(3, 1)] * 19       # prefill, then one per step
-    del model.decode_step
+    generate(model, TOKENS[:, :5], 20, temperature=0, use_cache=False)
+    assert len(made) == 1                                          # no cache, no step function
+    del model.make_decode_step
     plain = generate(WithoutDecodeStep(model), TOKENS[:, :5], 20, temperature=0)
     assert torch.equal(fast, plain)
+
+
+def test_a_step_function_sees_weights_updated_in_place():
+    """The step holds the weight tensors, not copies: training (in place) between two
+    generations, or between steps, is seen; the logits stay those of forward."""
+    model = gpt("learned")
+    step = model.make_decode_step()
+    with torch.no_grad():
+        model.layers[1].self_attn.v_proj.weight.mul_(-2.0)
+        model.layers[0].feed_forward.linear1.bias.add_(0.5)
+        model.norm.weight.mul_(3.0)
+        model.token_embedding.weight.add_(0.1)                      # and the tied head
+        fast = torch.cat([step(TOKENS[:, s:s + 4], cache)
+                          for cache in [KVCache(model.config.num_layers)]
+                          for s in range(0, TOKENS.shape[1], 4)], dim=1)
+    assert torch.equal(fast, cached_logits(model, TOKENS, 4))
 
 
 # Found in review (chapter 11, 2026-11-22): the shortcut must never disagree with forward.

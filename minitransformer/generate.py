@@ -103,7 +103,8 @@ def generate(
         model: a language model such as :class:`~minitransformer.gpt.GPT`: ``model(idx)``
             returns ``(logits, loss)``, and ``model.config`` has ``vocab_size`` and
             ``context_length`` (with ``use_cache``, also ``num_layers``, and the model takes
-            ``kv_cache=``).
+            ``kv_cache=``). A model with a ``make_decode_step()`` method, as ``GPT`` has, is
+            stepped through the function that method returns, made once per call.
         idx: ``(B, T)`` token ids, the prompt.
         max_new_tokens: how many tokens to add; ``T + max_new_tokens <= context_length``.
         use_cache: keep the keys and values instead of recomputing them.

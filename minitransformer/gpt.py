@@ -16,16 +16,21 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from minitransformer import _checks
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
-from minitransformer.layers import EncoderLayer, LayerNorm, _dropout
+from minitransformer.attention import MultiHeadAttention
+from minitransformer.layers import EncoderLayer, FeedForward, LayerNorm, _dropout
 from minitransformer.masks import causal_mask
 from minitransformer.positional import sinusoidal_positional_encoding
 
 POSITIONAL = ("learned", "sinusoidal")
 INIT_STD = 0.02  # GPT-2's: every weight starts normal with this standard deviation
+# the classes of the modules inside a GPT as it builds them (GPT.make_decode_step knows these)
+_BUILT_TYPES = (nn.Embedding, nn.Dropout, nn.ModuleList, EncoderLayer, MultiHeadAttention,
+                FeedForward, LayerNorm, nn.Linear, nn.GELU)
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,14 @@ class GPTConfig:
         _checks.check_choice("positional", self.positional, POSITIONAL)
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+
+
+def _global_forward_hooks() -> bool:
+    """Whether hooks registered for every module (``nn.modules.module.register_module_forward_
+    hook`` and its pre-hook twin) are present: PyTorch keeps them in private dictionaries."""
+    module = nn.modules.module
+    return bool(getattr(module, "_global_forward_hooks", None)
+                or getattr(module, "_global_forward_pre_hooks", None))
 
 
 class _BlockWeights(NamedTuple):
@@ -190,28 +203,24 @@ class GPT(nn.Module):
 
     def make_decode_step(self) -> Callable[[Tensor, KVCache], Tensor]:
         """A function ``step(idx, kv_cache) -> logits`` that computes
-        ``forward(idx, kv_cache=kv_cache)[0]``, bit for bit, faster: generation's inner loop
-        (chapter 11). It never applies dropout.
+        ``forward(idx, kv_cache=kv_cache)[0]`` in eval mode (no dropout), bit for bit, faster:
+        generation's inner loop (chapter 11).
 
         A decode step multiplies one vector by a few small matrices, so most of its time is
         the fixed cost of each call rather than arithmetic. The step therefore does the cached
-        forward pass's operations in the same order, on the same weights, but
-
-        * looks the weights up once, here, instead of through every block's sub-modules at
-          every token (``layer.self_attn.q_proj.weight`` is three ``nn.Module`` attribute
-          lookups), and
-        * calls PyTorch's functions directly instead of the blocks' methods.
-
-        On the course machines this took a cached step from about 1.1 to 0.8 ms.
+        forward pass's operations in the same order, on the same weights, but looks the
+        weights up once, here, instead of through every block's sub-modules at every token,
+        and calls PyTorch's functions instead of the blocks' methods.
         :func:`~minitransformer.generate.generate` makes one step function per call, after
-        checking its arguments once; tests hold the step equal to :meth:`forward`.
+        checking its arguments once.
 
-        The step holds the weight tensors themselves, so an optimizer that updates them in place
-        is seen, but a weight replaced by a new tensor (or blocks changed) afterwards is not:
-        make a new step function after changing the model. The shortcut knows the GPT as this
-        class builds it; a subclass that overrides :meth:`forward`, or blocks changed after
-        construction (another norm order, activation or block class), get :meth:`forward`
-        itself, so the two never disagree.
+        The shortcut knows the GPT as this class builds it. A model changed in a way it cannot
+        follow (a subclass with its own ``forward`` or ``embed``, blocks turned post-norm,
+        another activation or module class, a hook, a parametrized weight) gets
+        ``forward`` itself, in eval mode, so the two never disagree. The step holds the weight
+        tensors: updated in place, as an optimizer does, they are seen; after anything else
+        (a module, a weight or an ``eps`` replaced, ``load_state_dict(..., assign=True)``),
+        make a new step function.
 
         The returned ``step`` takes ``idx`` ``(B, T)``, the new token ids (one per row in a
         decode step; not checked), and the :class:`~minitransformer.cache.KVCache` that
@@ -219,8 +228,11 @@ class GPT(nn.Module):
         logits ``(B, T, vocab_size)`` of the new tokens, and raises ``ValueError`` when the
         cached and the new positions together exceed ``context_length``.
         """
-        if not self._blocks_as_built():
-            return lambda idx, kv_cache: self(idx, kv_cache=kv_cache)[0]
+        if not self._is_as_built():
+            def forward_step(idx: Tensor, kv_cache: KVCache) -> Tensor:
+                with eval_mode(self):                                 # no dropout here either
+                    return self(idx, kv_cache=kv_cache)[0]
+            return forward_step
         blocks = [_BlockWeights.of(layer) for layer in self.layers]
         final_norm, head = _BlockWeights.norm(self.norm), self.head.weight
         width, heads = (self.config.d_model,), self.config.num_heads
@@ -248,14 +260,23 @@ class GPT(nn.Module):
 
         return step
 
-    def _blocks_as_built(self) -> bool:
-        """Whether :meth:`decode_step`'s written-out pass is this model's :meth:`forward`: not
-        overridden, and every block the pre-norm, exact-GELU :class:`EncoderLayer` it built."""
-        return type(self).forward is GPT.forward and all(
-            type(layer) is EncoderLayer and layer.norm_first
-            and type(layer.feed_forward.activation) is nn.GELU
-            and layer.feed_forward.activation.approximate == "none"
-            for layer in self.layers)
+    def _is_as_built(self) -> bool:
+        """Whether :meth:`make_decode_step`'s written-out pass computes this model's
+        :meth:`forward`: GPT's own ``forward`` and ``embed``; every sub-module of a type that
+        GPT builds (no subclass); pre-norm blocks with the exact GELU; no hooks (the step calls
+        no module, so a hook would not run) and no parametrized weights."""
+        cls = type(self)
+        if (cls.forward is not GPT.forward or cls.embed is not GPT.embed
+                or cls._embed is not GPT._embed or _global_forward_hooks()):
+            return False
+        for module in self.modules():
+            if module is not self and type(module) not in _BUILT_TYPES:
+                return False
+            if (module._forward_hooks or module._forward_pre_hooks
+                    or parametrize.is_parametrized(module)):
+                return False
+        return all(layer.norm_first and layer.feed_forward.activation.approximate == "none"
+                   for layer in self.layers)
 
     def _check_cache(self, kv_cache: KVCache, length: int) -> int:
         """The positions ``kv_cache`` holds, after checking that ``length`` more fit."""

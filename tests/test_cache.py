@@ -303,8 +303,8 @@ def test_generate_makes_one_decode_step_and_works_without_one():
 
 
 def test_a_step_function_sees_weights_updated_in_place():
-    """The step holds the weight tensors, not copies: training (in place) between two
-    generations, or between steps, is seen; the logits stay those of forward."""
+    """The step holds the weight tensors, not copies: training (in place) after the step was
+    made is seen; the logits stay those of forward."""
     model = gpt("learned")
     step = model.make_decode_step()
     with torch.no_grad():
@@ -316,6 +316,115 @@ def test_a_step_function_sees_weights_updated_in_place():
                           for cache in [KVCache(model.config.num_layers)]
                           for s in range(0, TOKENS.shape[1], 4)], dim=1)
     assert torch.equal(fast, cached_logits(model, TOKENS, 4))
+
+
+def step_logits(step, idx, chunk, num_layers=2):
+    cache = KVCache(num_layers)
+    with torch.no_grad():
+        return torch.cat([step(idx[:, s:s + chunk], cache)
+                          for s in range(0, idx.shape[1], chunk)], dim=1)
+
+
+def test_an_as_built_gpt_takes_the_fast_path_and_a_changed_one_forward(monkeypatch):
+    """The equality tests pass whichever path runs; this one fails if the shortcut is never
+    taken, or taken for a model it cannot follow."""
+    model = gpt()
+    calls = []
+    original = EncoderLayer.encode
+    monkeypatch.setattr(EncoderLayer, "encode",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    step_logits(model.make_decode_step(), TOKENS, 4)
+    assert calls == []                                   # no block method: the fast path
+    model.layers[0].norm_first = False
+    step_logits(model.make_decode_step(), TOKENS, 4)
+    assert calls                                         # a changed block: forward itself
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_the_step_is_forward_bit_for_bit_in_float64_and_after_to(positional):
+    torch.manual_seed(0)
+    model = GPT(gpt(positional).config, dtype=torch.float64).eval()
+    assert torch.equal(step_logits(model.make_decode_step(), TOKENS, 5),
+                       cached_logits(model, TOKENS, 5))
+    model = gpt(positional)
+    step = model.make_decode_step()
+    model.to(torch.float64)                              # parameters converted in place
+    fast = step_logits(step, TOKENS, 5)
+    assert fast.dtype == torch.float64 and torch.equal(fast, cached_logits(model, TOKENS, 5))
+
+
+class LoudLinear(nn.Linear):
+    def forward(self, x):
+        return 3 * super().forward(x)
+
+
+class LoudEmbed(GPT):
+    def embed(self, idx, *, offset=0):
+        return 20 * super().embed(idx, offset=offset)
+
+
+def _hook_on_model(model):
+    return model.register_forward_hook(
+        lambda module, args, out: (out[0].masked_fill(torch.arange(13) < 8, -1e9), out[1]))
+
+
+def _pre_hook_on_a_projection(model):
+    return model.layers[1].self_attn.q_proj.register_forward_pre_hook(
+        lambda module, args: (2 * args[0],))
+
+
+def _linear_subclass(model):
+    old = model.layers[0].feed_forward.linear1
+    new = LoudLinear(old.in_features, old.out_features)
+    new.load_state_dict(old.state_dict())
+    model.layers[0].feed_forward.linear1 = new
+
+
+def _global_hook(model):
+    return nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: 2 * out if isinstance(module, nn.Linear) else out)
+
+
+def _subclass_with_its_own_embed(model):
+    model.__class__ = LoudEmbed
+
+
+@pytest.mark.parametrize("change", [_hook_on_model, _pre_hook_on_a_projection, _linear_subclass,
+                                    _global_hook, _subclass_with_its_own_embed])
+def test_cached_generation_follows_changes_the_shortcut_cannot_see(change):
+    """Found in review (2026-11-22): hooks, parametrized weights, module subclasses and an
+    overridden embed used to be skipped by the fast step (tokens differed)."""
+    model = gpt(context_length=64)
+    handle = change(model)
+    try:
+        cached, uncached = (generate(model, TOKENS[:, :5], 20, use_cache=use, temperature=0)
+                            for use in (True, False))
+        assert torch.equal(cached, uncached)
+        assert torch.equal(step_logits(model.make_decode_step(), TOKENS, 4),
+                           cached_logits(model, TOKENS, 4))
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def test_a_step_follows_a_parametrized_weight_updated_in_place():
+    """With weight_norm, ``out_proj.weight`` is computed from two parameters at every access:
+    a step holding the computed weight would not see training update them."""
+    model = gpt()
+    nn.utils.parametrizations.weight_norm(model.layers[0].self_attn.out_proj)
+    step = model.make_decode_step()
+    with torch.no_grad():
+        model.layers[0].self_attn.out_proj.parametrizations.weight.original0.mul_(2.0)
+    assert torch.equal(step_logits(step, TOKENS, 4), cached_logits(model, TOKENS, 4))
+
+
+def test_a_step_applies_no_dropout_on_the_fallback_path_either():
+    model = GPT(dataclasses.replace(gpt().config, dropout=0.5)).train()
+    for layer in model.layers:
+        layer.norm_first = False                          # not as built: forward itself
+    step = model.make_decode_step()
+    assert torch.equal(step_logits(step, TOKENS, 24), step_logits(step, TOKENS, 24))
+    assert model.training                                 # and the mode is given back
 
 
 # Found in review (chapter 11, 2026-11-22): the shortcut must never disagree with forward.

@@ -136,9 +136,38 @@ def test_layer_norm_with_a_mean_that_drops_its_dimension(capsys):
     assert not check_layer_norm(no_keepdim)
     out = capsys.readouterr().out
     assert "your function raised RuntimeError: The size of tensor a (4) must match" in out
-    assert out.endswith("Hint: keep the averaged dimension: x.mean(dim=-1, keepdim=True) has "
-                        "shape (..., 1), which lines up with x; without keepdim it has shape "
-                        "(...) and does not\n")
+    assert out.endswith(KEEPDIM_HINT)
+
+
+KEEPDIM_HINT = ("Hint: keep the averaged dimension in the mean and in the variance: "
+                "x.mean(dim=-1, keepdim=True) has shape (..., 1), which lines up with x; "
+                "without keepdim it has shape (...) and does not\n")
+
+
+def test_layer_norm_with_a_variance_that_drops_its_dimension(capsys):
+    # the same broadcasting error as the mean's: the hint must not say only "the mean"
+    def no_keepdim(x, weight, bias, eps):
+        mean = x.mean(dim=-1, keepdim=True)
+        variance = ((x - mean) ** 2).mean(dim=-1)
+        return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+
+    assert not check_layer_norm(no_keepdim)
+    assert capsys.readouterr().out.endswith(KEEPDIM_HINT)
+
+
+def test_layer_norm_over_dim_1(capsys):
+    # right on the 2-D cases, wrong on (B, T, d_model), whose message shows only summaries
+    def over_dim_1(x, weight, bias, eps):
+        mean = x.mean(dim=1, keepdim=True)
+        variance = ((x - mean) ** 2).mean(dim=1, keepdim=True)
+        return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+
+    assert not check_layer_norm(over_dim_1)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 4:")
+    assert out.endswith("Hint: normalize over the last dimension, dim=-1: dim=1 is the last "
+                        "one only for 2-D input; in this (2, 3, 5) input it is the 3 "
+                        "positions, not the 5 features\n")
 
 
 @pytest.mark.parametrize("answer, hint", [
@@ -252,6 +281,22 @@ def test_count_of_attention_per_head(capsys):
     assert capsys.readouterr().out.endswith(
         "Hint: the heads split d_model between them (d_k = d_model / num_heads): the attention "
         "has 4 d_model x d_model weights and 4 d_model biases whatever num_heads is\n")
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda d, h, f: 4 * d * d // h + 4 * d + 2 * d * f + f + d + 4 * d,
+     "Hint: each head has its own d_model x d_k projections, d_k = d_model / num_heads; "
+     "num_heads of them make 4 d_model x d_model weights in all, whatever num_heads is\n"),
+    (lambda d, h, f: 4 * (d * d + d) // h + 2 * d * f + f + d + 4 * d,
+     "Hint: each head has its own d_model x d_k projections and d_k biases, d_k = d_model / "
+     "num_heads; num_heads of them make 4 d_model x d_model weights and 4 d_model biases in "
+     "all, whatever num_heads is\n"),
+], ids=["weights", "weights and biases"])
+def test_count_of_one_head_only(wrong, hint, capsys):
+    assert not check_count_block_parameters(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input (512, 8, 2048)")
+    assert out.endswith(hint)
 
 
 def test_count_of_the_leading_terms_only(capsys):

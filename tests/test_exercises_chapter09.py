@@ -132,3 +132,33 @@ def test_assuming_d_ff_is_four_d_model_fails_on_the_case_that_sets_it(capsys):
     out = capsys.readouterr().out
     assert out.startswith("✗ case 2:")
     assert "use config.d_ff" in out
+
+
+# --- mistakes found by a learner's review of chapters 8-10 -----------------------------------
+
+def test_logsumexp_without_keepdim_is_explained(capsys):
+    # the exercise says "subtract torch.logsumexp over the last dimension"; keepdim is the step
+    # a learner forgets, and the broadcasting error names neither
+    def no_keepdim(logits, targets):
+        log_probs = logits - torch.logsumexp(logits, dim=-1)
+        return -log_probs.gather(-1, targets[..., None]).mean()
+
+    assert not check_cross_entropy(no_keepdim)
+    out = capsys.readouterr().out
+    assert "your function raised RuntimeError: The size of tensor a (3) must match" in out
+    assert out.endswith("Hint: torch.logsumexp(logits, dim=-1) has shape (B, T), which does "
+                        "not line up with logits (B, T, N); keepdim=True gives (B, T, 1), "
+                        "which does\n")
+
+
+def test_gather_with_a_two_dimensional_index_is_explained(capsys):
+    def index_without_its_last_dimension(logits, targets):
+        log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+        return -log_probs.gather(-1, targets).mean()
+
+    assert not check_cross_entropy(index_without_its_last_dimension)
+    out = capsys.readouterr().out
+    assert "your function raised RuntimeError: Index tensor must have the same number" in out
+    assert out.endswith("Hint: gather wants an index with as many dimensions as log_probs "
+                        "(B, T, N): targets[..., None] is (B, T, 1), and [..., 0] drops the "
+                        "extra dimension of the result again\n")

@@ -77,7 +77,7 @@ def test_queries_from_the_memory(capsys):
 
     assert not check_cross_attention(swapped)
     out = capsys.readouterr().out
-    assert "(expected shape (2, 2) but got shape (3, 2))" in out
+    assert "(expected shape (2, 3) but got shape (3, 3))" in out
     assert out.endswith("Hint: the queries come from the target (the sentence being written) and "
                         "the keys and values from the memory (the sentence being read): the "
                         "output has one row per target token\n")
@@ -236,3 +236,43 @@ def _sliced(sentences, bos_id, eos_id, pad_id):
 def test_more_decoder_pair_mistakes(wrong, hint, capsys):
     assert not check_decoder_input_and_targets(wrong)
     assert f"Hint: {hint}" in capsys.readouterr().out
+
+
+# --- mistakes found by a learner's review of chapters 8-10 -----------------------------------
+
+def test_scaled_by_the_width_of_the_values(capsys):
+    def by_d_v(target, memory, w_q, w_k, w_v):
+        q, k, v = target @ w_q, memory @ w_k, memory @ w_v
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1]), -1) @ v
+
+    assert not check_cross_attention(by_d_v)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1:")
+    assert out.endswith("Hint: divide by sqrt(d_k), the width of the queries and keys "
+                        "(k.shape[-1]), not by the width of the values (v.shape[-1], d_v): "
+                        "here they differ\n")
+
+
+def test_the_first_case_fails_in_a_readable_line(capsys):
+    # case 1 is printed in full; it must be small enough to read at a glance
+    assert not check_cross_attention(lambda t, m, wq, wk, wv: t @ wq)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1:")
+    assert len(out) < 400
+
+
+def test_a_width_one_short_is_explained(capsys):
+    # width = the longest sentence, forgetting the <bos>/<eos> place: the longest row comes out
+    # one longer than the others, and torch.tensor refuses the ragged list
+    def one_short(sentences, bos_id, eos_id, pad_id):
+        width = max(len(words) for words in sentences)
+        tgt_in = [[bos_id, *w] + [pad_id] * (width - 1 - len(w)) for w in sentences]
+        targets = [[*w, eos_id] + [pad_id] * (width - 1 - len(w)) for w in sentences]
+        return torch.tensor(tgt_in), torch.tensor(targets)
+
+    assert not check_decoder_input_and_targets(one_short)
+    out = capsys.readouterr().out
+    assert "raised ValueError: expected sequence of length 4 at dim 1 (got 3)" in out
+    assert out.endswith("Hint: both tensors are (B, T_max + 1): the longest sentence needs "
+                        "T_max + 1 places, with <bos> in front or <eos> behind, so width = "
+                        "max(len(words) for words in sentences) + 1\n")

@@ -66,9 +66,16 @@ def _without_square_root(x, weight, bias, eps):
 
 
 def _mean_without_keepdim(x, weight, bias, eps):
+    # a variance without keepdim raises the same error on case 1, so the hint names both
     centred = x - x.mean(dim=-1)        # (..., d_model) - (...,): raises, or pairs wrongly
     variance = (centred ** 2).mean(dim=-1, keepdim=True)
     return centred / torch.sqrt(variance + eps) * weight + bias
+
+
+def _over_dimension_1(x, weight, bias, eps):
+    mean = x.mean(dim=1, keepdim=True)      # the last dimension only when x is 2-D
+    variance = x.var(dim=1, keepdim=True, correction=0)
+    return (x - mean) / torch.sqrt(variance + eps) * weight + bias
 
 
 def _over_the_first_dimension(x, weight, bias, eps):
@@ -104,8 +111,11 @@ check_layer_norm = Checker(
         "from dividing by zero": _without_eps,
         "divide by the standard deviation, the square root: (x - mean) / sqrt(variance + eps)":
             _without_square_root,
-        "keep the averaged dimension: x.mean(dim=-1, keepdim=True) has shape (..., 1), which "
-        "lines up with x; without keepdim it has shape (...) and does not": _mean_without_keepdim,
+        "keep the averaged dimension in the mean and in the variance: x.mean(dim=-1, "
+        "keepdim=True) has shape (..., 1), which lines up with x; without keepdim it has shape "
+        "(...) and does not": _mean_without_keepdim,
+        "normalize over the last dimension, dim=-1: dim=1 is the last one only for 2-D input; "
+        "in this (2, 3, 5) input it is the 3 positions, not the 5 features": _over_dimension_1,
         "layer norm averages over each vector's own features, the last dimension (dim=-1), "
         "not over the rows": _over_the_first_dimension,
         "after normalizing, multiply by weight and add bias": _without_scale_and_shift,
@@ -212,6 +222,14 @@ check_count_block_parameters = Checker(
         "the heads split d_model between them (d_k = d_model / num_heads): the attention has "
         "4 d_model x d_model weights and 4 d_model biases whatever num_heads is":
             lambda d, h, f: _count_block_parameters(d, h, f) + (h - 1) * (4 * d * d + 4 * d),
+        "each head has its own d_model x d_k projections, d_k = d_model / num_heads; "
+        "num_heads of them make 4 d_model x d_model weights in all, whatever num_heads is":
+            lambda d, h, f: _count_block_parameters(d, h, f) - 4 * d * d + 4 * d * d // h,
+        "each head has its own d_model x d_k projections and d_k biases, d_k = d_model / "
+        "num_heads; num_heads of them make 4 d_model x d_model weights and 4 d_model biases in "
+        "all, whatever num_heads is":
+            lambda d, h, f: _count_block_parameters(d, h, f) - 4 * (d * d + d)
+            + 4 * (d * d + d) // h,
         "do not forget the output projection W_O: four d_model x d_model matrices in the "
         "attention": lambda d, h, f: _count_block_parameters(d, h, f) - d * d - d,
         "the feed-forward block has biases too: d_ff in linear1 and d_model in linear2":

@@ -85,6 +85,14 @@ check_cross_entropy = Checker(
         "logits are not log-probabilities: subtract torch.logsumexp over the last dimension "
         "(keepdim=True) first":
             lambda logits, t: -logits.gather(-1, t[..., None]).mean(),
+        "torch.logsumexp(logits, dim=-1) has shape (B, T), which does not line up with logits "
+        "(B, T, N); keepdim=True gives (B, T, 1), which does":
+            lambda logits, t: -(logits - torch.logsumexp(logits, -1)).gather(-1, t[..., None])
+            .mean(),
+        "gather wants an index with as many dimensions as log_probs (B, T, N): "
+        "targets[..., None] is (B, T, 1), and [..., 0] drops the extra dimension of the result "
+        "again":
+            lambda logits, t: -torch.log_softmax(logits, -1).gather(-1, t).mean(),
     },
     atol=1e-5,
 )

@@ -39,8 +39,12 @@ def _cross_attention_cases() -> list[tuple]:
     def rand(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=generator)
 
-    # the target and the source have different lengths, so a mix-up shows in the shape
-    return [(rand(2, 4), rand(3, 4), rand(4, 4), rand(4, 4), rand(4, 2)),
+    def short(*shape: int) -> Tensor:       # one decimal: a failing case is printed in full
+        return rand(*shape).round(decimals=1)
+
+    # the target and the source have different lengths, so a mix-up shows in the shape; the
+    # first case is small and its values have different widths d_v and d_k
+    return [(short(2, 2), short(3, 2), short(2, 2), short(2, 2), short(2, 3)),
             (rand(3, 6), rand(5, 6), rand(6, 4), rand(6, 4), rand(6, 3)),
             (rand(2, 4, 8), rand(2, 7, 8), rand(8, 4), rand(8, 4), rand(8, 5))]
 
@@ -71,6 +75,12 @@ def _softmax_over_the_queries(target, memory, w_q, w_k, w_v):
 def _scaled_by_d_model(target, memory, w_q, w_k, w_v):
     q, k, v = target @ w_q, memory @ w_k, memory @ w_v
     scores = q @ k.transpose(-2, -1) / math.sqrt(target.shape[-1])
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def _scaled_by_d_v(target, memory, w_q, w_k, w_v):
+    q, k, v = target @ w_q, memory @ w_k, memory @ w_v
+    scores = q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1])
     return torch.softmax(scores, dim=-1) @ v
 
 
@@ -106,6 +116,8 @@ check_cross_attention = Checker(
         "the source positions sum to 1": _softmax_over_the_queries,
         "divide by sqrt(d_k), the width of the queries and keys (k.shape[-1]), not by the "
         "width of the inputs (target.shape[-1], d_model): here they differ": _scaled_by_d_model,
+        "divide by sqrt(d_k), the width of the queries and keys (k.shape[-1]), not by the "
+        "width of the values (v.shape[-1], d_v): here they differ": _scaled_by_d_v,
         "those are the weights (T_tgt, T_src); return what they mix, weights @ v, one row of "
         "width d_v per target token": _the_weights,
         "k.T reverses every dimension of a batched (B, T_src, d_k) tensor: swap only the last "
@@ -247,6 +259,13 @@ def _sliced_from_one_row(sentences, bos_id, eos_id, pad_id):
     return rows[:, :-1], rows[:, 1:]
 
 
+def _width_one_short(sentences, bos_id, eos_id, pad_id):
+    width = max(len(words) for words in sentences)      # the longest row comes out longer
+    tgt_in = [[bos_id, *words] + [pad_id] * (width - 1 - len(words)) for words in sentences]
+    targets = [[*words, eos_id] + [pad_id] * (width - 1 - len(words)) for words in sentences]
+    return torch.tensor(tgt_in), torch.tensor(targets)
+
+
 def _special_ids_hard_coded(sentences, bos_id, eos_id, pad_id):
     return _decoder_input_and_targets(sentences, 1, 2, 0)
 
@@ -273,6 +292,9 @@ check_decoder_input_and_targets = Checker(
         "the decoder input is bos_id and the words, then pad_id, with no eos_id: slicing one "
         "padded row <bos> words <eos> leaves eos_id in the shorter rows' input":
             _sliced_from_one_row,
+        "both tensors are (B, T_max + 1): the longest sentence needs T_max + 1 places, with "
+        "<bos> in front or <eos> behind, so width = max(len(words) for words in sentences) + 1":
+            _width_one_short,
         "use the arguments bos_id, eos_id and pad_id rather than 1, 2 and 0: this case uses 4, "
         "5 and 3": _special_ids_hard_coded,
     },

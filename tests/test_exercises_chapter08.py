@@ -173,8 +173,8 @@ def test_layer_norm_over_dim_1(capsys):
 @pytest.mark.parametrize("answer, hint", [
     (lambda n, w, b: n * w, "after multiplying by weight, add bias"),
     (lambda n, w, b: n + b, "multiply the normalized vector by weight, then add bias"),
-    (lambda n, w, b: (n + b) * w, "scale first, then shift: normalized * weight + bias, not "
-                                   "(normalized + bias) * weight"),
+    (lambda n, w, b: (n + b) * w, ("scale first, then shift: normalized * weight + bias, not "
+                                   "(normalized + bias) * weight")),
 ], ids=["no bias", "no weight", "shift then scale"])
 def test_layer_norm_scale_and_shift_mistakes(answer, hint, capsys):
     def wrong(x, weight, bias, eps):
@@ -285,12 +285,12 @@ def test_count_of_attention_per_head(capsys):
 
 @pytest.mark.parametrize("wrong, hint", [
     (lambda d, h, f: 4 * d * d // h + 4 * d + 2 * d * f + f + d + 4 * d,
-     "Hint: each head has its own d_model x d_k projections, d_k = d_model / num_heads; "
-     "num_heads of them make 4 d_model x d_model weights in all, whatever num_heads is\n"),
+     ("Hint: each head has its own d_model x d_k projections, d_k = d_model / num_heads; "
+     "num_heads of them make 4 d_model x d_model weights in all, whatever num_heads is\n")),
     (lambda d, h, f: 4 * (d * d + d) // h + 2 * d * f + f + d + 4 * d,
-     "Hint: each head has its own d_model x d_k projections and d_k biases, d_k = d_model / "
+     ("Hint: each head has its own d_model x d_k projections and d_k biases, d_k = d_model / "
      "num_heads; num_heads of them make 4 d_model x d_model weights and 4 d_model biases in "
-     "all, whatever num_heads is\n"),
+     "all, whatever num_heads is\n")),
 ], ids=["weights", "weights and biases"])
 def test_count_of_one_head_only(wrong, hint, capsys):
     assert not check_count_block_parameters(wrong)

@@ -8,6 +8,7 @@ from minitransformer.exercises import chapter11
 from minitransformer.exercises.chapter11 import (
     check_cache_bytes,
     check_cache_update,
+    check_max_positions,
     check_position_offset,
 )
 
@@ -30,6 +31,12 @@ def my_cache_bytes(num_layers, batch, num_heads, length, d_head, bytes_per_numbe
     return num_layers * per_layer * bytes_per_number
 
 
+def my_max_positions(memory_bytes, num_layers, batch, num_heads, d_head,
+                     bytes_per_number):
+    one_position = my_cache_bytes(num_layers, batch, num_heads, 1, d_head, bytes_per_number)
+    return memory_bytes // one_position
+
+
 def bytes_of_a_filled_cache(num_layers, batch, num_heads, length, d_head, bytes_per_number):
     """The package's cache, filled on the meta device (no memory), asked for its size."""
     dtype = {2: torch.float16, 4: torch.float32, 8: torch.float64}[bytes_per_number]
@@ -45,12 +52,16 @@ CHECKERS = {
     "position_offset": (check_position_offset, my_embed_new_tokens),
     "cache_bytes": (check_cache_bytes, my_cache_bytes),
     "cache_bytes_from_the_package": (check_cache_bytes, bytes_of_a_filled_cache),
+    "max_positions": (check_max_positions, my_max_positions),
+    "max_positions_from_the_package": (
+        check_max_positions,
+        lambda M, L, B, h, d, b: M // bytes_of_a_filled_cache(L, B, h, 1, d, b)),
 }
 
 
 def test_module_exports_every_checker():
     assert sorted(chapter11.__all__) == ["check_cache_bytes", "check_cache_update",
-                                         "check_position_offset"]
+                                         "check_max_positions", "check_position_offset"]
 
 
 @pytest.mark.parametrize("name", CHECKERS)
@@ -160,7 +171,8 @@ def test_one_position_for_a_whole_chunk(capsys):
     assert not check_position_offset(one_position)
     out = capsys.readouterr().out
     assert out.startswith("✗ case 3:")
-    assert out.endswith("past_len up to past_len + T - 1\n")
+    assert out.endswith("past_len up to past_len + T - 1, where T = idx.shape[1] (len(idx) and "
+                        "idx.shape[0] count the rows of the batch, B)\n")
 
 
 def test_bytes_without_the_values(capsys):
@@ -173,7 +185,7 @@ def test_bytes_without_the_values(capsys):
 def test_bytes_quadratic_in_the_length(capsys):
     assert not check_cache_bytes(lambda L, B, h, T, d, b: 2 * L * B * h * T * T * d * b)
     out = capsys.readouterr().out
-    assert out.startswith("✗ case 2: for input (5, 3, 8, 100, 16, 4) expected 1536000 but got")
+    assert out.startswith("✗ case 2: for input (5, 3, 6, 100, 16, 4) expected 1152000 but got")
     assert out.endswith("which are not cached\n")
 
 
@@ -181,7 +193,7 @@ def test_bytes_without_the_heads_get_the_heads_hint(capsys):
     # with 4 heads and 4 bytes per number, this used to get the bytes hint
     assert not check_cache_bytes(lambda L, B, h, T, d, b: 2 * L * B * T * d * b)
     assert capsys.readouterr().out == (
-        "✗ case 2: for input (5, 3, 8, 100, 16, 4) expected 1536000 but got 192000. Hint: "
+        "✗ case 2: for input (5, 3, 6, 100, 16, 4) expected 1152000 but got 192000. Hint: "
         "every head has its own keys and values: multiply by num_heads\n")
 
 
@@ -212,3 +224,72 @@ def test_bytes_counted_as_numbers(capsys):
     assert capsys.readouterr().out.endswith(
         "Hint: count bytes, not numbers: multiply by bytes_per_number (4 for float32, 2 for "
         "float16)\n")
+
+
+# Found in review (2026-11-22): plausible mistakes that got no hint or a wrong one.
+def test_bytes_with_the_heads_counted_twice(capsys):
+    # num_heads * (num_heads * d_head): with 8 heads in case 2 this got the "bits" hint
+    assert not check_cache_bytes(lambda L, B, h, T, d, b: 2 * L * B * h * T * (h * d) * b)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2:")
+    assert out.endswith("Hint: num_heads counted twice: the heads together are num_heads * "
+                        "d_head = d_model wide, so multiply by num_heads and by d_head once "
+                        "each\n")
+
+
+def test_update_that_tests_the_cache_with_not(capsys):
+    assert not check_cache_update(lambda cached, new: new if not cached
+                                  else torch.cat([cached, new], dim=2))
+    out = capsys.readouterr().out
+    assert "your function raised RuntimeError" in out
+    assert out.endswith("Hint: test for the empty cache with `cached is None`: `not cached` asks "
+                        "a tensor of many numbers for a single True or False, which torch "
+                        "refuses\n")
+
+
+def test_offset_with_an_arange_that_ends_too_early(capsys):
+    def ends_at_t(idx, token_table, position_table, past_len):
+        return token_table[idx] + position_table[torch.arange(past_len, idx.shape[1])]
+
+    assert not check_position_offset(ends_at_t)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2:")                 # past_len 5, one token: no positions
+    assert out.endswith("the new positions are torch.arange(past_len, past_len + T), with "
+                        "T = idx.shape[1]\n")
+
+
+@pytest.mark.parametrize("count", [len, lambda idx: idx.shape[0]])
+def test_offset_with_the_batch_size_for_t(count, capsys):
+    def batch_for_t(idx, token_table, position_table, past_len):
+        return token_table[idx] + position_table[past_len:past_len + count(idx)]
+
+    assert not check_position_offset(batch_for_t)
+    assert capsys.readouterr().out.endswith(
+        "(len(idx) and idx.shape[0] count the rows of the batch, B)\n")
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda M, L, B, h, d, b: M / (2 * L * B * h * d * b), "divide with //, which rounds down"),
+    (lambda M, L, B, h, d, b: round(M / (2 * L * B * h * d * b)), "not to the nearest"),
+    (lambda M, L, B, h, d, b: -(-M // (2 * L * B * h * d * b)), "round down, not up"),
+    (lambda M, L, B, h, d, b: M // (L * B * h * d * b), "holds a key and a value"),
+    (lambda M, L, B, h, d, b: M // (3 * L * B * h * d * b), "the factor is 2, not 3"),
+    (lambda M, L, B, h, d, b: M // (2 * L * B * h * d), "memory_bytes counts bytes"),
+    (lambda M, L, B, h, d, b: M // (2 * L * B * h * d * b * 8), "that would be bits"),
+    (lambda M, L, B, h, d, b: M // (2 * L * h * d * b), "batch times as many bytes"),
+    (lambda M, L, B, h, d, b: M // (2 * B * h * d * b), "num_layers times as many bytes"),
+    (lambda M, L, B, h, d, b: M // (2 * L * B * d * b), "num_heads times as many bytes"),
+    (lambda M, L, B, h, d, b: M // (2 * L * B * h * h * d * b), "num_heads counted twice"),
+    (lambda M, L, B, h, d, b: 2 * L * B * h * d * b, "not the bytes of one position"),
+])
+def test_max_positions_mistakes_get_their_hint(wrong, hint, capsys):
+    assert not check_max_positions(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case ") and f"Hint: " in out
+    assert hint in out.split("Hint: ", 1)[1]
+
+
+def test_max_positions_is_zero_when_not_one_position_fits(capsys):
+    assert not check_max_positions(lambda M, L, B, h, d, b: max(1, M // (2 * L * B * h * d * b)))
+    assert capsys.readouterr().out.startswith(
+        "✗ case 4: for input (100, 2, 1, 2, 4, 4) expected 0 but got 1")

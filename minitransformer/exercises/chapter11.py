@@ -9,6 +9,8 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
   past_len)``: the input vectors of new tokens that follow ``past_len`` cached positions.
 * :data:`check_cache_bytes` -- ``my_cache_bytes(num_layers, batch, num_heads, length, d_head,
   bytes_per_number)``: the memory a KV cache takes.
+* :data:`check_max_positions` -- ``my_max_positions(memory_bytes, num_layers, batch, num_heads,
+  d_head, bytes_per_number)``: how many positions of cache fit in a given memory.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from torch import Tensor
 
 from minitransformer.exercises import Checker
 
-__all__ = ["check_cache_bytes", "check_cache_update", "check_position_offset"]
+__all__ = ["check_cache_bytes", "check_cache_update", "check_max_positions",
+           "check_position_offset"]
 
 
 # --- my_cache_update(cached, new) -------------------------------------------------------------
@@ -67,6 +70,9 @@ check_cache_update = Checker(
         "torch.stack puts the two side by side in a new dimension (and needs equal shapes); "
         "torch.cat joins them along an existing one, the positions (dim 2)":
             lambda cached, new: new if cached is None else torch.stack([cached, new], dim=2),
+        "test for the empty cache with `cached is None`: `not cached` asks a tensor of many "
+        "numbers for a single True or False, which torch refuses":
+            lambda cached, new: new if not cached else torch.cat([cached, new], dim=2),
         "keep what is cached: return the cached positions followed by the new ones, not the "
         "new ones alone": lambda cached, new: new,
         "append the new positions: return the cached ones followed by the new ones, not the "
@@ -120,8 +126,12 @@ check_position_offset = Checker(
         "index reads the table from its end)":
             lambda idx, tok, pos, past: tok[idx] + pos[torch.arange(past - 1,
                                                                     past - 1 + idx.shape[1])],
-        "a chunk of several new tokens needs one position each, past_len up to past_len + T - 1":
+        "a chunk of several new tokens needs one position each, past_len up to past_len + T - 1, "
+        "where T = idx.shape[1] (len(idx) and idx.shape[0] count the rows of the batch, B)":
             lambda idx, tok, pos, past: tok[idx] + pos[past],
+        "torch.arange(start, end) counts from start up to end - 1: the new positions are "
+        "torch.arange(past_len, past_len + T), with T = idx.shape[1]":
+            lambda idx, tok, pos, past: tok[idx] + pos[torch.arange(past, idx.shape[1])],
         "a chunk of several new tokens needs one position each, past_len up to "
         "past_len + T - 1, not only the last one's":
             lambda idx, tok, pos, past: tok[idx] + pos[past + idx.shape[1] - 1],
@@ -149,9 +159,10 @@ def _without(factor: str):
 
 check_cache_bytes = Checker(
     reference=_cache_bytes,
-    # in case 2 no two factors are equal (2, 5 layers, batch 3, 8 heads, 100 positions,
-    # width 16, 4 bytes): whichever factor is left out, the hint names that one
-    cases=[(1, 1, 1, 1, 1, 4), (5, 3, 8, 100, 16, 4), (12, 8, 12, 1024, 64, 2),
+    # in case 2 no two factors are equal, and none is 8 (2, 5 layers, batch 3, 6 heads, 100
+    # positions, width 16, 4 bytes): whichever factor is left out or doubled, and bits for
+    # bytes, the hint names that one
+    cases=[(1, 1, 1, 1, 1, 4), (5, 3, 6, 100, 16, 4), (12, 8, 12, 1024, 64, 2),
            (32, 3, 32, 4096, 128, 2)],
     mistakes={
         "the cache holds a key and a value for every position: twice the keys alone":
@@ -170,8 +181,61 @@ check_cache_bytes = Checker(
         "every head has its own keys and values: multiply by num_heads":
             _without("h"),
         "each key is a vector of d_head numbers: multiply by d_head": _without("d"),
+        "num_heads counted twice: the heads together are num_heads * d_head = d_model wide, so "
+        "multiply by num_heads and by d_head once each":
+            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) * h,
         "the cache grows with T, one key and one value per position; T x T is the size of "
         "the attention scores, which are not cached":
             lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) * T,
+    },
+)
+
+
+# --- my_max_positions(memory_bytes, num_layers, batch, num_heads, d_head, bytes_per_number) ---
+
+def _max_positions(memory_bytes: int, num_layers: int, batch: int, num_heads: int, d_head: int,
+                   bytes_per_number: int) -> int:
+    return memory_bytes // _cache_bytes(num_layers, batch, num_heads, 1, d_head,
+                                        bytes_per_number)
+
+
+def _per_position(M, L, B, h, d, b) -> int:                         # noqa: N803 (the formula's)
+    return _cache_bytes(L, B, h, 1, d, b)
+
+
+check_max_positions = Checker(
+    reference=_max_positions,
+    # In cases 2 and 3 no two factors are equal and none is 2, 3 or 8, so each listed mistake
+    # gives its own answer; every memory but case 1's leaves a remainder (a quarter of a
+    # position in case 2: rounding to the nearest passes there, rounding up does not).
+    cases=[(1000, 1, 1, 1, 1, 4), (112_300, 5, 1, 7, 4, 4), (1_152_077, 5, 3, 6, 16, 4),
+           (100, 2, 1, 2, 4, 4), (16_000_000_000, 32, 4, 32, 128, 2)],
+    mistakes={
+        "a position either fits or it does not: divide with //, which rounds down to a whole "
+        "number of positions":
+            lambda M, L, B, h, d, b: M / _per_position(M, L, B, h, d, b),
+        "round down, not to the nearest: a position that only partly fits does not fit":
+            lambda M, L, B, h, d, b: round(M / _per_position(M, L, B, h, d, b)),
+        "round down, not up: a position that only partly fits does not fit":
+            lambda M, L, B, h, d, b: -(-M // _per_position(M, L, B, h, d, b)),
+        "each position holds a key and a value: one position takes "
+        "2 * num_layers * batch * num_heads * d_head * bytes_per_number bytes":
+            lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) // 2),
+        "only keys and values are cached, not the queries: the factor is 2, not 3":
+            lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) // 2 * 3),
+        "memory_bytes counts bytes: divide it by the bytes of one position, its numbers times "
+        "bytes_per_number": lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) // b),
+        "bytes_per_number already counts bytes (4 for float32): no factor 8, that would be bits":
+            lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) * 8),
+        "every sequence of the batch has its own keys and values: one position takes batch "
+        "times as many bytes": lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) // B),
+        "every layer has its own keys and values: one position takes num_layers times as many "
+        "bytes": lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) // L),
+        "every head has its own keys and values: one position takes num_heads times as many "
+        "bytes": lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) // h),
+        "num_heads counted twice: the heads together are num_heads * d_head = d_model wide":
+            lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) * h),
+        "return how many positions fit, memory_bytes // (bytes of one position), not the bytes "
+        "of one position": _per_position,
     },
 )

@@ -262,3 +262,18 @@ def test_the_rules_catch_what_they_claim():
             "[PyTorch](https://pytorch.org) and [above](#masks).")
     assert [m.group(1) for m in LINK.finditer(text)] == ["07_x.ipynb", "notation.md#symbols",
                                                          "https://pytorch.org", "#masks"]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.name)
+def test_the_chapter_is_listed_under_its_own_title(notebook):
+    """_toc.yml, the intro's map and the README's table list every chapter, the table under the
+    notebook's own title (found in review: three rows had drifted from the titles)."""
+    number, stem = int(notebook.name[:2]), notebook.stem
+    title = _source(_cells(notebook)[0]).splitlines()[0].removeprefix("# ").strip()
+    assert f"book/{stem}" in (ROOT / "_toc.yml").read_text(encoding="utf-8")
+    intro = (ROOT / "book" / "intro.md").read_text(encoding="utf-8")
+    assert re.search(rf"^{number}\. {{doc}}`{stem}`", intro, re.M), f"{stem} not in the intro's map"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = re.search(rf"^\| {number} \| ([^|]+) \|", readme, re.M)
+    assert row and row.group(1).strip() == title, (
+        f"README's row {number}: {row.group(1).strip() if row else None!r}, the chapter: {title!r}")

@@ -2,11 +2,13 @@
 
 `make test` builds the book into _build/html first. These tests open its pages in Debian's Chromium,
 driven by Playwright (never `playwright install`: no browser is downloaded), at 1280x900, and check
-what a reader sees: typeset maths (offline), the chapters' figures, no code cell that needs sideways
-scrolling, solution dropdowns that open on a click and show their code, figure-only cells whose code
-is folded, and links and assets that all resolve. One browser serves every page, and each page is
-loaded once. They are skipped, with the reason shown, only where Chromium is absent or the book has
-not been built outside CI; in CI (CI=true) a missing build is a failure.
+what a reader sees: typeset maths (offline), the chapters' figures, no code cell, output or display
+equation that needs sideways scrolling, solution dropdowns that open on a click and show their code,
+figure-only cells whose code is folded, and links and assets that all resolve. One browser serves
+every page, and each page is loaded once. They are skipped, with the reason shown, only where
+Chromium is absent or the book has not been built outside CI; in CI (CI=true) a missing build is a
+failure. BOOK_HTML=path tests a book built elsewhere (`jupyter-book build . --path-output DIR`
+puts it in DIR/_build/html).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-HTML = ROOT / "_build" / "html"
+HTML = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html")).resolve()
 VIEWPORT = {"width": 1280, "height": 900}
 # Playwright adds --headless and a fresh profile; the rest are TOOLCHAIN.md's flags for this machine.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -94,6 +96,12 @@ def _shown_code_cells(page: str) -> list[tuple[int, dict]]:
             and "remove-cell" not in cell["metadata"].get("tags", [])]
 
 
+def _text_outputs(page: str) -> int:
+    """Printed text (stdout, stderr) of the shown cells: each is a `pre` block on the page."""
+    return sum(output["output_type"] == "stream"
+               for _, cell in _shown_code_cells(page) for output in cell.get("outputs", []))
+
+
 def _png_outputs(page: str) -> int:
     return sum("image/png" in output.get("data", {})
                for _, cell in _shown_code_cells(page) for output in cell.get("outputs", []))
@@ -138,16 +146,29 @@ CELLS_AS_LOADED = """() => [...document.querySelectorAll('div.cell')].map(cell =
     };
 })"""
 
-CODE_WIDTHS_UNFOLDED = """() => {
+# Per div.cell: its code block and its output blocks (stdout, stderr, results, errors); then every
+# display equation, which MathJax typesets into an mjx-container that scrolls its own overflow.
+WIDTHS_UNFOLDED = """() => {
     document.querySelectorAll('div.cell details.hide').forEach(details => { details.open = true; });
-    return [...document.querySelectorAll('div.cell')].map(cell => {
-        const pre = cell.querySelector('div.cell_input pre');
-        if (!pre) return null;
+    const measure = pre => {
         const lines = pre.innerText.split('\\n');
-        return {scrollWidth: pre.scrollWidth, clientWidth: pre.clientWidth,
-                longest: Math.max(...lines.map(line => line.length)),
-                first: lines.find(line => line.trim()) || ''};
+        const longest = lines.reduce((a, b) => (b.length > a.length ? b : a), '');
+        return {scrollWidth: pre.scrollWidth, clientWidth: pre.clientWidth, longest};
+    };
+    const cells = [...document.querySelectorAll('div.cell')].map(cell => {
+        const pre = cell.querySelector('div.cell_input pre');
+        return {code: pre ? measure(pre) : null,
+                outputs: [...cell.querySelectorAll('div.cell_output pre')].map(measure)};
     });
+    const items = window.MathJax && MathJax.startup && MathJax.startup.document;
+    const math = [...document.querySelectorAll('mjx-container[display]')].map(container => {
+        const found = items ? items.getMathItemsWithin(container) : [];
+        const wrapper = container.parentElement;
+        return {scrollWidth: Math.max(container.scrollWidth, wrapper.scrollWidth),
+                clientWidth: Math.min(container.clientWidth, wrapper.clientWidth),
+                tex: found.length ? found[0].math : container.textContent};
+    });
+    return {cells, math};
 }"""
 
 _REPORTS: dict[str, dict] = {}
@@ -179,7 +200,7 @@ def _report(browser, page: str) -> dict:
             except Exception:  # a timeout: the click did not show the code
                 entry["shown_after"], entry["code"] = False, ""
             report["dropdowns"].append(entry)
-        report["widths"] = tab.evaluate(CODE_WIDTHS_UNFOLDED)
+        report["widths"] = tab.evaluate(WIDTHS_UNFOLDED)
     finally:
         tab.close()
     _REPORTS[page] = report
@@ -216,18 +237,47 @@ def test_chapter_figures_are_on_the_page(browser, page):
     assert shown >= figures, f"{page}: {figures} figures in the notebook, {shown} loaded on the page"
 
 
+def _math_label(page: str, tex: str) -> str:
+    """The markdown cell that holds a display equation, found by its TeX."""
+    words = " ".join(tex.split())[:40]
+    for index, cell in enumerate(_cells(page)):
+        if cell["cell_type"] == "markdown" and words in " ".join(_source(cell).split()):
+            return f"markdown cell {index}"
+    return "display math"
+
+
+def _too_wide(label: str, what: str, w: dict) -> str | None:
+    """A line of the failure message for a block wider than its column, else None."""
+    if w["scrollWidth"] <= w["clientWidth"]:
+        return None
+    if what == "equation":
+        detail = f"TeX: {' '.join(w['tex'].split())[:70]}"
+    else:
+        line = w["longest"].rstrip()
+        detail = f"longest line {len(line)} chars: {line.strip()[:70]}"
+    return f"  {label}: {w['scrollWidth']} px of {what} in a {w['clientWidth']} px block; {detail}"
+
+
 @pytest.mark.parametrize("page", _chapter_notebooks())
 def test_no_code_cell_needs_sideways_scrolling(browser, page):
+    """Code, the text it prints and display equations all fit the column (_static/code-cells.css)."""
     widths = _report(browser, page)["widths"]
-    measured = [(position, w) for position, w in enumerate(widths) if w is not None]
+    code = [(position, cell["code"]) for position, cell in enumerate(widths["cells"])
+            if cell["code"] is not None]
+    outputs = [(position, w) for position, cell in enumerate(widths["cells"])
+               for w in cell["outputs"]]
     code_cells = [cell for _, cell in _shown_code_cells(page) if _source(cell).strip()]
-    assert len(measured) >= len(code_cells), (
-        f"{page}: measured {len(measured)} code blocks, the notebook shows {len(code_cells)}")
-    wide = [f"  {_label(page, position)} ({w['scrollWidth']} px of code in a {w['clientWidth']} px "
-            f"block; longest line {w['longest']} chars): {w['first'].strip()[:60]}"
-            for position, w in measured if w["scrollWidth"] > w["clientWidth"]]
-    assert not wide, (f"{page}: {len(wide)} of {len(measured)} code cells need sideways scrolling "
-                      f"at {VIEWPORT['width']} px:\n" + "\n".join(wide))
+    assert len(code) >= len(code_cells), (
+        f"{page}: measured {len(code)} code blocks, the notebook shows {len(code_cells)}")
+    assert len(outputs) >= _text_outputs(page), (
+        f"{page}: measured {len(outputs)} output blocks, the notebook prints {_text_outputs(page)}")
+    wide = [_too_wide(_label(page, position), "code", w) for position, w in code]
+    wide += [_too_wide(f"{_label(page, position)} output", "output", w) for position, w in outputs]
+    wide += [_too_wide(_math_label(page, w["tex"]), "equation", w) for w in widths["math"]]
+    wide = [message for message in wide if message]
+    assert not wide, (f"{page}: {len(wide)} blocks need sideways scrolling at "
+                      f"{VIEWPORT['width']} px (of {len(code)} code cells, {len(outputs)} outputs "
+                      f"and {len(widths['math'])} display equations):\n" + "\n".join(wide))
 
 
 @pytest.mark.parametrize("page", _chapter_notebooks())

@@ -1,66 +1,67 @@
-"""The checkers of chapter 12: they accept correct answers and explain plausible wrong ones."""
+"""The checkers of chapter 12: they accept correct answers and explain plausible wrong ones.
+
+Each wrong answer below is written the way a learner would write it, and each hint of the
+checkers is asserted at least once.
+"""
 
 from collections import Counter
 
 import pytest
 
 from minitransformer import BPETokenizer
+from minitransformer.bpe import merge_pair
 from minitransformer.exercises.chapter12 import (
-    check_count_pairs,
+    check_count_piece_pairs,
+    check_decode,
     check_encode,
-    check_merge_pair,
-    check_train_merges,
+    check_train_piece_merges,
 )
 
 # --- correct solutions, written the way the book's solutions are ---------------------------
 
 
-def my_count_pairs(ids):
-    counts = {}
-    for pair in zip(ids, ids[1:]):
-        counts[pair] = counts.get(pair, 0) + 1
-    return counts
-
-
-def my_merge_pair(ids, pair, new_id):
-    merged, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
-            merged.append(new_id)
-            i += 2
-        else:
-            merged.append(ids[i])
-            i += 1
-    return merged
-
-
 def my_encode(text, merges):
     ids = list(text.encode("utf-8"))
     for pair, new_id in merges:
-        ids = my_merge_pair(ids, pair, new_id)
+        ids = merge_pair(ids, pair, new_id)
     return ids
 
 
-def my_train_merges(text, num_merges):
-    ids = list(text.encode("utf-8"))
+def my_decode(ids, merges):
+    table = [bytes([i]) for i in range(256)]
+    for (first, second), new_id in merges:
+        table.append(table[first] + table[second])
+    return b"".join(table[i] for i in ids).decode("utf-8")
+
+
+def my_count_piece_pairs(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        for pair in zip(piece, piece[1:]):
+            counts[pair] = counts.get(pair, 0) + count
+    return counts
+
+
+def my_train_piece_merges(pieces, num_merges):
     merges = []
     for new_id in range(256, 256 + num_merges):
-        counts = my_count_pairs(ids)
+        counts = my_count_piece_pairs(pieces)
         if not counts:
             break
         pair = min(counts, key=lambda p: (-counts[p], p))
         if counts[pair] < 2:
             break
-        ids = my_merge_pair(ids, pair, new_id)
+        pieces = {tuple(merge_pair(piece, pair, new_id)): count
+                  for piece, count in pieces.items()}
         merges.append((pair, new_id))
     return merges
 
 
 CHECKERS = {
-    "count_pairs": (check_count_pairs, my_count_pairs),
-    "merge_pair": (check_merge_pair, my_merge_pair),
     "encode": (check_encode, my_encode),
-    "train_merges": (check_train_merges, my_train_merges),
+    "decode": (check_decode, my_decode),
+    "count_piece_pairs": (check_count_piece_pairs, my_count_piece_pairs),
+    "train_piece_merges": (check_train_piece_merges, my_train_piece_merges),
 }
 
 
@@ -71,128 +72,61 @@ def test_accepts_a_correct_solution(name, capsys):
     assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
 
 
+def _undo_last_merge_first(ids, merges):
+    ids = list(ids)
+    for (first, second), new_id in reversed(merges):
+        expanded = []
+        for i in ids:
+            expanded += [first, second] if i == new_id else [i]
+        ids = expanded
+    return bytes(ids).decode("utf-8")
+
+
+def _count_with_a_counter(pieces):
+    counts = Counter()
+    for piece, count in pieces.items():
+        for pair in zip(piece, piece[1:]):
+            counts[pair] += count
+    return counts
+
+
+def _train_with_the_package(pieces, num_merges):
+    """What BPETokenizer.train does: the pieces written out, then the package's training."""
+    from minitransformer.bpe import train_merges_incremental
+    written_out = [piece for piece, count in pieces.items() for _ in range(count)]
+    return train_merges_incremental(written_out, num_merges)
+
+
 def test_accepts_other_correct_forms(capsys):
-    assert check_count_pairs(lambda ids: Counter(zip(ids, ids[1:])))
     assert check_encode(lambda text, merges: BPETokenizer(merges).encode(text))
-    assert check_merge_pair(lambda ids, pair, new_id: tuple(my_merge_pair(ids, pair, new_id)))
-    assert capsys.readouterr().out.count("✓") == 3
+    assert check_decode(lambda ids, merges: BPETokenizer(merges).decode(ids))
+    assert check_decode(_undo_last_merge_first)
+    assert check_count_piece_pairs(_count_with_a_counter)
+    assert check_train_piece_merges(_train_with_the_package)
+    assert capsys.readouterr().out.count("✓") == 5
 
 
-def test_the_seed_example_is_a_case():
-    """The chapter's example, aaabdaaabac -> XdXac, is what the checkers test first."""
-    assert check_train_merges.cases[0] == ("aaabdaaabac", 10)
+def test_the_chapters_examples_are_cases():
+    """aaabdaaabac -> XdXac, and Sennrich et al.'s words, are what the checkers test first."""
     text, merges = check_encode.cases[0]
     assert text == "aaabdaaabac"
     assert my_encode(text, merges) == [258, ord("d"), 258, ord("a"), ord("c")]
-    assert check_train_merges.reference("aaabdaaabac", 10) == merges
+    assert check_decode.cases[0] == ([258, ord("d"), 258, ord("a"), ord("c")], merges)
+    assert my_train_piece_merges({tuple(b"aaabdaaabac"): 1}, 10) == merges
+    words, room = check_train_piece_merges.cases[0]
+    assert {bytes(piece): count for piece, count in words.items()} == {
+        b" low": 5, b" lower": 2, b" newest": 6, b" widest": 3}
+    assert len(my_train_piece_merges(words, room)) < room  # room for more merges
 
 
-def _non_overlapping(ids):
-    counts = {}
-    i = 0
-    while i + 1 < len(ids):
-        pair = (ids[i], ids[i + 1])
-        counts[pair] = counts.get(pair, 0) + 1
-        i += 2 if i + 2 < len(ids) and (ids[i + 1], ids[i + 2]) == pair else 1
-    return counts
-
-
-def _count_past_the_end(ids):
-    counts = {}
-    for i in range(len(ids)):
-        counts[(ids[i], ids[i + 1])] = counts.get((ids[i], ids[i + 1]), 0) + 1
-    return counts
-
-
-def _count_wrapping(ids):
-    counts = {}
-    for i in range(len(ids)):
-        pair = (ids[i - 1], ids[i])
-        counts[pair] = counts.get(pair, 0) + 1
-    return counts
-
-
-def _count_sorted(ids):
-    counts = {}
-    for a, b in zip(ids, ids[1:]):
-        pair = (min(a, b), max(a, b))
-        counts[pair] = counts.get(pair, 0) + 1
-    return counts
-
-
-def _count_from_zero(ids):
-    counts = {}
-    for pair in zip(ids, ids[1:]):
-        if pair in counts:
-            counts[pair] += 1
-        else:
-            counts[pair] = 0
-    return counts
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (_non_overlapping, "pairs overlap"),
-    (lambda ids: Counter(ids), "not single ids"),
-    (_count_wrapping, "ids[i - 1] is ids[-1]"),
-    (lambda ids: Counter(zip(ids, ids[1:])).most_common(), "return the counts as a dict"),
-    (_count_sorted, "the order inside a pair matters"),
-    (lambda ids: {pair: 0 for pair in set(zip(ids, ids[1:]))}, "every count is 0"),
-    (_count_from_zero, "one too small"),
-    (lambda ids: dict(Counter(zip(ids[::2], ids[1::2]))), "not only at the even ones"),
-    (lambda ids: {p: 1 for p in zip(ids, ids[1:])}, "not only whether it occurs"),
-    (lambda ids: Counter(zip(ids, ids[1:-1])), "the last pair"),
-    (_count_past_the_end, "the last id has no neighbour"),
-])
-def test_count_pairs_hints(wrong, hint, capsys):
-    assert not check_count_pairs(wrong)
+def _hint(checker, wrong, capsys):
+    assert not checker(wrong)
     out = capsys.readouterr().out
-    assert out.startswith("✗ case ") and hint in out.split("Hint: ", 1)[1]
+    assert "Hint: " in out, out
+    return out.split("Hint: ", 1)[1]
 
 
-def _merge_right_to_left(ids, pair, new_id):
-    merged, i = [], len(ids) - 1
-    while i >= 0:
-        if i >= 1 and (ids[i - 1], ids[i]) == pair:
-            merged.insert(0, new_id)
-            i -= 2
-        else:
-            merged.insert(0, ids[i])
-            i -= 1
-    return merged
-
-
-def _merge_without_skip(ids, pair, new_id):
-    out = []
-    for i in range(len(ids)):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
-            out.append(new_id)
-        elif i == 0 or (ids[i - 1], ids[i]) != pair:
-            out.append(ids[i])
-    return out
-
-
-def _merge_keeps_second(ids, pair, new_id):
-    out, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
-            out.append(new_id)
-        else:
-            out.append(ids[i])
-        i += 1
-    return out
-
-
-def _merge_drop_last(ids, pair, new_id):
-    merged, i = [], 0
-    while i < len(ids) - 1:
-        if (ids[i], ids[i + 1]) == pair:
-            merged.append(new_id)
-            i += 2
-        else:
-            merged.append(ids[i])
-            i += 1
-    return merged
-
+# --- my_encode ----------------------------------------------------------------------------------
 
 def _merge_first_only(ids, pair, new_id):
     ids = list(ids)
@@ -203,62 +137,6 @@ def _merge_first_only(ids, pair, new_id):
     return ids
 
 
-def _merge_for_loop(ids, pair, new_id):
-    merged = []
-    for i in range(len(ids)):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
-            merged.append(new_id)
-            i += 2  # no effect in a for loop
-        else:
-            merged.append(ids[i])
-    return merged
-
-
-def _merge_slice_compare(ids, pair, new_id):
-    merged, i = [], 0
-    while i < len(ids):
-        if ids[i:i + 2] == pair:  # a list never equals a tuple
-            merged.append(new_id)
-            i += 2
-        else:
-            merged.append(ids[i])
-            i += 1
-    return merged
-
-
-def _merge_first_id(ids, pair, new_id):
-    merged, i = [], 0
-    while i < len(ids):
-        if ids[i] == pair[0] and i + 1 < len(ids):
-            merged.append(new_id)
-            i += 2
-        else:
-            merged.append(ids[i])
-            i += 1
-    return merged
-
-
-def _merge_reversed_pair(ids, pair, new_id):
-    first, second = pair
-    return my_merge_pair(ids, (second, first), new_id)
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (_merge_right_to_left, "scan from the left"),
-    (_merge_for_loop, "In a for loop, i += 2 changes nothing"),
-    (_merge_slice_compare, "a list never equals a tuple"),
-    (_merge_first_id, "check both ids of the pair"),
-    (_merge_reversed_pair, "the pair is ordered"),
-    (_merge_without_skip, "jump past both of its tokens"),
-    (_merge_keeps_second, "skip the pair's second token as well"),
-    (_merge_drop_last, "a final token that is not part of a pair was lost"),
-    (_merge_first_only, "replace every occurrence"),
-])
-def test_merge_pair_hints(wrong, hint, capsys):
-    assert not check_merge_pair(wrong)
-    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
-
-
 def _encode_reversed(text, merges):
     return my_encode(text, list(reversed(merges)))
 
@@ -266,14 +144,14 @@ def _encode_reversed(text, merges):
 def _encode_ord(text, merges):
     ids = [ord(c) for c in text]
     for pair, new_id in merges:
-        ids = my_merge_pair(ids, pair, new_id)
+        ids = merge_pair(ids, pair, new_id)
     return ids
 
 
 def _encode_characters(text, merges):
     ids = list(text)
     for pair, new_id in merges:
-        ids = my_merge_pair(ids, pair, new_id)
+        ids = merge_pair(ids, pair, new_id)
     return ids
 
 
@@ -287,14 +165,14 @@ def _encode_first_only(text, merges):
 def _encode_position(text, merges):
     ids = list(text.encode("utf-8"))
     for k, (pair, _) in enumerate(merges):
-        ids = my_merge_pair(ids, pair, k)
+        ids = merge_pair(ids, pair, k)
     return ids
 
 
 def _encode_result_dropped(text, merges):
     ids = list(text.encode("utf-8"))
     for pair, new_id in merges:
-        my_merge_pair(ids, pair, new_id)  # the merged list is thrown away
+        merge_pair(ids, pair, new_id)  # the merged list is thrown away
     return ids
 
 
@@ -308,117 +186,345 @@ def _encode_words(text, merges):
 def _encode_by_counting(text, merges):
     ids = list(text.encode("utf-8"))
     for _, new_id in merges:
-        counts = my_count_pairs(ids)
+        counts = Counter(zip(ids, ids[1:]))
         if counts:
-            ids = my_merge_pair(ids, max(counts, key=counts.get), new_id)
+            ids = merge_pair(ids, max(counts, key=counts.get), new_id)
     return ids
 
 
 @pytest.mark.parametrize("wrong, hint", [
     (_encode_reversed, "in the order they were learned"),
-    (_encode_result_dropped, "keep each result, ids = my_merge_pair(ids, pair, new_id)"),
+    (_encode_result_dropped, "keep each result, ids = merge_pair(ids, pair, new_id)"),
     (_encode_words, "text.split() drops them"),
     (_encode_by_counting, "encoding does not count pairs"),
     (_encode_ord, "not from ord(c)"),
     (_encode_characters, "list(text) gives characters"),
     (_encode_first_only, "not only the first one"),
     (_encode_position, "not the entry's position"),
-    (lambda text, merges: list(text.encode("utf-8")), "no merge applied"),
 ])
 def test_encode_hints(wrong, hint, capsys):
-    assert not check_encode(wrong)
-    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+    assert hint in _hint(check_encode, wrong, capsys)
 
 
-def _train(choose=None, stop=True, first_id=256, recount=True):
-    def train(text, num_merges):
-        ids = list(text.encode("utf-8"))
-        counts = my_count_pairs(ids)
-        merges = []
-        for new_id in range(first_id, first_id + num_merges):
-            if recount is True:
-                counts = my_count_pairs(ids)
-            if not counts:
-                break
-            pair = choose(counts)
-            if stop and counts[pair] < 2:
-                break
-            ids = my_merge_pair(ids, pair, new_id)
-            merges.append((pair, new_id))
-            if recount is False:
-                del counts[pair]
-        return merges
-    return train
+# --- my_decode ----------------------------------------------------------------------------------
 
+def _table(merges):
+    table = [bytes([i]) for i in range(256)]
+    for (first, second), _ in merges:
+        table.append(table[first] + table[second])
+    return table
+
+
+def _decode_ids_as_characters(ids, merges):
+    return "".join(chr(i) for i in ids)
+
+
+def _decode_byte_by_byte(ids, merges):
+    table = _table(merges)
+    text = ""
+    for i in ids:
+        for byte in table[i]:
+            text += chr(byte)
+    return text
+
+
+def _decode_latin1(ids, merges):
+    return b"".join(_table(merges)[i] for i in ids).decode("latin-1")
+
+
+def _decode_token_by_token(ids, merges):
+    table = _table(merges)
+    return "".join(table[i].decode("utf-8") for i in ids)
+
+
+def _decode_token_by_token_replaced(ids, merges):
+    table = _table(merges)
+    return "".join(table[i].decode("utf-8", errors="replace") for i in ids)
+
+
+def _decode_undo_in_learned_order(ids, merges):
+    ids = list(ids)
+    for (first, second), new_id in merges:
+        expanded = []
+        for i in ids:
+            expanded += [first, second] if i == new_id else [i]
+        ids = expanded
+    return bytes(ids).decode("utf-8")
+
+
+def _decode_one_level(ids, merges):
+    table = {new_id: bytes(pair) for pair, new_id in merges}
+    return b"".join(table.get(i) or bytes([i]) for i in ids).decode("utf-8")
+
+
+def _decode_without_expanding(ids, merges):
+    return bytes(ids).decode("utf-8")
+
+
+def _decode_merges_only(ids, merges):
+    table = {}
+    for (first, second), new_id in merges:
+        table[new_id] = table[first] + table[second]
+    return b"".join(table[i] for i in ids).decode("utf-8")
+
+
+def _decode_to_bytes(ids, merges):
+    return b"".join(_table(merges)[i] for i in ids)
+
+
+def _decode_to_pieces(ids, merges):
+    table = _table(merges)
+    return [table[i].decode("utf-8", errors="replace") for i in ids]
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_decode_ids_as_characters, "chr(258) is 'Ă'"),
+    (_decode_byte_by_byte, "chr(195) + chr(169) is 'Ã©'"),
+    (_decode_latin1, "chr(195) + chr(169) is 'Ã©'"),
+    (_decode_token_by_token, "Join the bytes of all tokens first, then decode once"),
+    (_decode_token_by_token_replaced, "each � marks a token decoded on its own"),
+    (_decode_undo_in_learned_order, "Undo the merges from the last one learned"),
+    (_decode_one_level, "its parts can be merged tokens themselves (X = ZY)"),
+    (_decode_without_expanding, "bytes() takes only 0 to 255"),
+    (_decode_merges_only, "tokens 0 to 255 are the bytes themselves"),
+    (_decode_to_bytes, "return the text as a str"),
+    (_decode_to_pieces, "not a list with one entry per token"),
+])
+def test_decode_hints(wrong, hint, capsys):
+    assert hint in _hint(check_decode, wrong, capsys)
+
+
+# --- my_count_piece_pairs -----------------------------------------------------------------------
+
+def _pieces_counted_once(pieces):
+    counts = {}
+    for piece in pieces:
+        for pair in zip(piece, piece[1:]):
+            counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def _count_overwritten(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        for pair in zip(piece, piece[1:]):
+            counts[pair] = count
+    return counts
+
+
+def _count_joined(pieces):
+    ids = []
+    for piece in pieces:
+        ids += piece
+    return dict(Counter(zip(ids, ids[1:])))
+
+
+def _count_written_out(pieces):
+    ids = []
+    for piece, count in pieces.items():
+        ids += list(piece) * count
+    return dict(Counter(zip(ids, ids[1:])))
+
+
+def _count_each_pair_once_per_piece(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        for pair in set(zip(piece, piece[1:])):
+            counts[pair] = counts.get(pair, 0) + count
+    return counts
+
+
+def _count_without_overlaps(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        i = 0
+        while i + 1 < len(piece):
+            pair = (piece[i], piece[i + 1])
+            counts[pair] = counts.get(pair, 0) + count
+            i += 2 if i + 2 < len(piece) and (piece[i + 1], piece[i + 2]) == pair else 1
+    return counts
+
+
+def _count_even_positions(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        for i in range(0, len(piece) - 1, 2):
+            pair = (piece[i], piece[i + 1])
+            counts[pair] = counts.get(pair, 0) + count
+    return counts
+
+
+def _count_range_minus_two(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        for i in range(len(piece) - 2):
+            pair = (piece[i], piece[i + 1])
+            counts[pair] = counts.get(pair, 0) + count
+    return counts
+
+
+def _count_past_the_end(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        for i in range(len(piece)):
+            pair = (piece[i], piece[i + 1])
+            counts[pair] = counts.get(pair, 0) + count
+    return counts
+
+
+def _count_wrapping(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        for i in range(len(piece)):
+            pair = (piece[i - 1], piece[i])
+            counts[pair] = counts.get(pair, 0) + count
+    return counts
+
+
+def _count_sorted(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        for a, b in zip(piece, piece[1:]):
+            pair = (min(a, b), max(a, b))
+            counts[pair] = counts.get(pair, 0) + count
+    return counts
+
+
+def _count_ids(pieces):
+    counts = Counter()
+    for piece, count in pieces.items():
+        for i in piece:
+            counts[i] += count
+    return counts
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_pieces_counted_once, "each piece stands for count copies of itself"),
+    (_count_overwritten, "not counts[pair] = count"),
+    (_count_joined, "instead of joining the pieces into one list"),
+    (_count_written_out, "not even into a copy of itself"),
+    (lambda pieces: pieces, "not whole pieces"),
+    (_count_ids, "not single ids"),
+    (_count_each_pair_once_per_piece, "a piece can hold a pair more than once"),
+    (_count_without_overlaps, "without skipping ahead after a match"),
+    (_count_even_positions, "not only at the even ones"),
+    (_count_range_minus_two, "the last pair of each piece is missing"),
+    (_count_past_the_end, "stop before piece[i + 1] runs past the end"),
+    (_count_wrapping, "piece[i - 1] is piece[-1]"),
+    (_count_sorted, "the order inside a pair matters"),
+    (lambda pieces: Counter(my_count_piece_pairs(pieces)).most_common(),
+     "most_common() turns them into a list"),
+])
+def test_count_piece_pairs_hints(wrong, hint, capsys):
+    assert hint in _hint(check_count_piece_pairs, wrong, capsys)
+
+
+# --- my_train_piece_merges ----------------------------------------------------------------------
 
 def _smallest(counts):
     return min(counts, key=lambda p: (-counts[p], p))
 
 
-def _one_merge_short(text, num_merges):
-    return my_train_merges(text, num_merges - 1)
-
-
-def _train_variant(*, stop_at=2, first_id=256, start=None, record=None, choose=None,
-                   record_first=False, keep_merged=True):
-    """my_train_merges with one line written differently."""
-    def train(text, num_merges):
-        ids = start(text) if start else list(text.encode("utf-8"))
+def _train(*, choose=_smallest, count=my_count_piece_pairs, stop_at=2, first_id=256,
+           extra=0, recount=True, empty_check=True, record_first=False, keep_count=True,
+           as_tuple=True, keep_merged=True, forget_chosen=False, record=None):
+    """my_train_piece_merges with one line written differently."""
+    def train(pieces, num_merges):
         merges = []
-        for new_id in range(first_id, first_id + num_merges):
-            counts = my_count_pairs(ids)
-            pair = (choose or _smallest)(counts)  # no check for an empty text
+        counts = count(pieces)
+        for new_id in range(first_id, first_id + num_merges + extra):
+            if recount:
+                counts = count(pieces)
+            if empty_check and not counts:
+                break
+            pair = choose(counts)
             if record_first:
                 merges.append((pair, new_id))
             if counts[pair] < stop_at:
                 break
+            merged = {}
+            for piece, c in pieces.items():
+                new_piece = merge_pair(piece, pair, new_id)
+                merged[tuple(new_piece) if as_tuple else new_piece] = c if keep_count else 1
             if keep_merged:
-                ids = my_merge_pair(ids, pair, new_id)
-            else:
-                my_merge_pair(ids, pair, new_id)
+                pieces = merged
+            if forget_chosen:
+                del counts[pair]
             if not record_first:
                 merges.append(record(pair, new_id) if record else (pair, new_id))
         return merges
     return train
 
 
-def _train_range_mistake(text, num_merges):
+def _train_on_joined_pieces(repeat):
+    def train(pieces, num_merges):
+        ids = []
+        for piece, count in pieces.items():
+            ids += list(piece) * (count if repeat else 1)
+        merges = []
+        for new_id in range(256, 256 + num_merges):
+            counts = Counter(zip(ids, ids[1:]))
+            if not counts:
+                break
+            pair = _smallest(counts)
+            if counts[pair] < 2:
+                break
+            ids = merge_pair(ids, pair, new_id)
+            merges.append((pair, new_id))
+        return merges
+    return train
+
+
+def _one_merge_short(pieces, num_merges):
+    return my_train_piece_merges(pieces, num_merges - 1)
+
+
+def _train_range_mistake(pieces, num_merges):
     # for new_id in range(256, num_merges): no merge at all while num_merges <= 256
-    return my_train_merges(text, num_merges - 256) if num_merges > 256 else []
+    return my_train_piece_merges(pieces, num_merges - 256) if num_merges > 256 else []
+
+
+def _first_id_after_the_bytes_used(pieces, num_merges):
+    first = max((i for piece in pieces for i in piece), default=-1) + 1
+    return _train(first_id=first)(pieces, num_merges)
 
 
 @pytest.mark.parametrize("wrong, hint", [
-    (_train(choose=lambda c: max(c, key=c.get)), "ties go to the smallest pair"),
-    (_train(choose=lambda c: max(c, key=lambda p: (c[p], p))), "ties go to the smallest pair"),
-    (_train(choose=_smallest, stop=False), "stop when the most frequent pair occurs only once"),
-    (_train(choose=_smallest, recount=False), "Recount the pairs after every merge"),
-    (_train(choose=_smallest, first_id=101), "new ids continue after the 256 byte values"),
-    (_train(choose=_smallest, recount="never"), "count the pairs of the merged list"),
     (_one_merge_short, "one is missing"),
-    (_train(choose=min), "choose by count first"),
-    (_train_variant(keep_merged=False), "keep the merged list"),
-    (_train_variant(stop_at=3), "a pair that occurs twice is still merged"),
-    (_train_variant(record_first=True), "check the count before you record the merge"),
+    (_train(extra=1), "one merge too many"),
+    (_train(choose=lambda c: min(c, key=c.get)), "choose the most frequent pair, not the least"),
+    (_train(count=_pieces_counted_once), "each piece counts as many times as it occurs"),
+    (_train_on_joined_pieces(repeat=True), "weighted by its count, instead of joining"),
+    # joined once each: on the first case only the weights matter, and that is the hint
+    (_train_on_joined_pieces(repeat=False), "each piece counts as many times as it occurs"),
+    (_train(keep_count=False), "keep each piece's count when you merge it"),
+    (_train(as_tuple=False), "a list cannot be a dict key"),
+    (_train(recount=False, forget_chosen=True), "Recount the pairs after every merge"),
+    (_train(recount=False), "the same pair comes back every time"),
+    (_train(keep_merged=False), "merge every piece and keep the merged pieces"),
+    (_train(choose=lambda c: max(c, key=c.get)), "keep the pair seen first"),
+    (_train(choose=lambda c: Counter(c).most_common(1)[0][0]), "keep the pair seen first"),
+    (_train(choose=lambda c: max(c, key=lambda p: (c[p], p))), "sends them to the largest"),
+    (_train(stop_at=0), "stop when the most frequent pair occurs only once"),
+    (_train(stop_at=3), "a pair that occurs twice is still merged"),
+    (_train(record_first=True), "check the count before you record the merge"),
     (_train_range_mistake, "no merge was recorded"),
-    (_train_variant(first_id=0), "new ids start at 256, not 0"),
-    (_train_variant(first_id=255), "off by one"),
-    (_train_variant(record=lambda pair, new_id: [pair, new_id]), "a list [pair, new_id]"),
-    (_train_variant(record=lambda pair, new_id: (pair[0], pair[1], new_id)),
-     "not as three numbers"),
-    (_train_variant(start=lambda text: [ord(c) for c in text]), "not from ord(c)"),
-    (_train_variant(start=list), "list(text) gives characters"),
-    (_train_variant(), "min() of no pairs fails"),
-    (_train_variant(choose=lambda c: max(c, key=lambda p: (c[p], -p[0], -p[1]))),
+    (_first_id_after_the_bytes_used, "new ids continue after the 256 byte values"),
+    (_train(first_id=0), "new ids start at 256, not 0"),
+    (_train(first_id=255), "off by one"),
+    (_train(record=lambda pair, new_id: [pair, new_id]), "a list [pair, new_id]"),
+    (_train(record=lambda pair, new_id: (pair[0], pair[1], new_id)), "not as three numbers"),
+    (_train(empty_check=False), "min() of no pairs fails"),
+    (_train(choose=lambda c: max(c, key=lambda p: (c[p], -p[0], -p[1])), empty_check=False),
      "max() of no pairs fails"),
 ])
-def test_train_merges_hints(wrong, hint, capsys):
-    assert not check_train_merges(wrong)
-    assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+def test_train_piece_merges_hints(wrong, hint, capsys):
+    assert hint in _hint(check_train_piece_merges, wrong, capsys)
 
 
 def test_a_stub_is_not_implemented_yet(capsys):
-    def my_count_pairs(ids):
+    def my_count_piece_pairs(pieces):
         raise NotImplementedError
 
-    assert not check_count_pairs(my_count_pairs)
+    assert not check_count_piece_pairs(my_count_piece_pairs)
     assert capsys.readouterr().out == "✗ not implemented yet\n"

@@ -3,159 +3,34 @@
 Each ``check_<thing>`` is called with the learner's function and prints one line (see
 :mod:`minitransformer.exercises`):
 
-* :data:`check_count_pairs` -- ``my_count_pairs(ids)``: how often each adjacent pair of ids
-  occurs, overlaps included, as a dict ``{(first, second): count}``.
-* :data:`check_merge_pair` -- ``my_merge_pair(ids, pair, new_id)``: every occurrence of
-  ``pair``, scanned left to right, replaced by ``new_id``.
 * :data:`check_encode` -- ``my_encode(text, merges)``: the UTF-8 bytes of ``text`` with the
   merges applied one after the other, in the order they were learned.
-* :data:`check_train_merges` -- ``my_train_merges(text, num_merges)``: the merge table learned
-  from ``text``, ties going to the smallest pair, stopping when no pair occurs twice.
+* :data:`check_decode` -- ``my_decode(ids, merges)``: the text that token ids stand for, each
+  merged token expanded into its bytes, the bytes of all tokens decoded together as UTF-8.
+* :data:`check_count_piece_pairs` -- ``my_count_piece_pairs(pieces)``: the pairs of
+  neighbours inside each piece of ``{piece: count}``, each counted ``count`` times, never
+  across two pieces.
+* :data:`check_train_piece_merges` -- ``my_train_piece_merges(pieces, num_merges)``: the merge
+  table learned from ``{piece: count}``, ties going to the smallest pair, stopping when no pair
+  occurs twice; what ``BPETokenizer.train`` does with a split pattern.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from minitransformer.bpe import apply_merges, count_pairs, merge_pair, train_merges
+from minitransformer.bpe import apply_merges, count_pairs, merge_pair
 from minitransformer.exercises import Checker
 
-__all__ = ["check_count_pairs", "check_encode", "check_merge_pair", "check_train_merges"]
+__all__ = ["check_count_piece_pairs", "check_decode", "check_encode",
+           "check_train_piece_merges"]
 
 # The classic example: a a a b d a a a b a c as bytes (a = 97, b = 98, c = 99, d = 100).
 _SEED = list(b"aaabdaaabac")
 # Its merge table: Z = aa, Y = ab, X = ZY.
 _SEED_MERGES = [((97, 97), 256), ((97, 98), 257), ((256, 257), 258)]
-
-
-# --- my_count_pairs(ids) -> {(first, second): count} ----------------------------------------
-
-def _count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
-    return dict(count_pairs(ids))
-
-
-def _without_overlaps(ids):
-    """Each pair counted like str.count: a match skips both of its tokens."""
-    counts = {}
-    for pair in set(zip(ids, ids[1:])):
-        i = found = 0
-        while i + 1 < len(ids):
-            if (ids[i], ids[i + 1]) == pair:
-                found, i = found + 1, i + 2
-            else:
-                i += 1
-        counts[pair] = found
-    return counts
-
-
-def _past_the_end(ids):
-    """Looks for a pair at every position, the last one included."""
-    counts = {}
-    for i in range(len(ids)):
-        pair = (ids[i], ids[i + 1])
-        counts[pair] = counts.get(pair, 0) + 1
-    return counts
-
-
-def _wraps_around(ids):
-    """Pairs (ids[i - 1], ids[i]) for every i: at i = 0 that is (last, first)."""
-    counts = {}
-    for i in range(len(ids)):
-        pair = (ids[i - 1], ids[i])
-        counts[pair] = counts.get(pair, 0) + 1
-    return counts
-
-
-def _unordered(ids):
-    return dict(Counter(tuple(sorted(pair)) for pair in zip(ids, ids[1:])))
-
-
-def _first_sighting_is_zero(ids):
-    counts = {}
-    for pair in zip(ids, ids[1:]):
-        counts[pair] = counts[pair] + 1 if pair in counts else 0
-    return counts
-
-
-check_count_pairs = Checker(
-    reference=_count_pairs,
-    cases=[(_SEED,), ([1, 1, 1],), ([3, 1, 3, 1, 3],), ([5],), ([],)],
-    mistakes={
-        "pairs overlap: a a a holds the pair (a, a) twice, at positions 0 and 1. Count the "
-        "pair that starts at every position, without skipping ahead after a match":
-            _without_overlaps,
-        "a pair starts at every position 0, 1, ..., T - 2, not only at the even ones: step "
-        "one token at a time (zip(ids, ids[1:]))":
-            lambda ids: dict(Counter(zip(ids[::2], ids[1::2]))),
-        "the last pair (ids[-2], ids[-1]) is missing: let i run over range(len(ids) - 1)":
-            lambda ids: dict(Counter(zip(ids[:-1], ids[1:-1]))),
-        "count how often each pair occurs, not only whether it occurs":
-            lambda ids: {pair: 1 for pair in zip(ids, ids[1:])},
-        "the last id has no neighbour after it: a pair starts at positions 0 to "
-        "len(ids) - 2, so stop before ids[i + 1] runs past the end":
-            _past_the_end,
-        "count pairs of neighbours, with keys (ids[i], ids[i + 1]), not single ids":
-            lambda ids: dict(Counter(ids)),
-        "at i = 0, ids[i - 1] is ids[-1], the last id (Python counts negative indices from "
-        "the end), so a pair (last, first) that is not in the list was counted: start at "
-        "i = 1, or use zip(ids, ids[1:])":
-            _wraps_around,
-        "return the counts as a dict {(first, second): count}; most_common() turns them "
-        "into a list of (pair, count)":
-            lambda ids: Counter(zip(ids, ids[1:])).most_common(),
-        "the order inside a pair matters: (a, b) and (b, a) are different pairs (ab is not "
-        "ba), so keep each pair as (ids[i], ids[i + 1]) without sorting it":
-            _unordered,
-        "every count is 0: add one each time a pair is seen, "
-        "counts[pair] = counts.get(pair, 0) + 1":
-            lambda ids: {pair: 0 for pair in zip(ids, ids[1:])},
-        "every count is one too small: a pair seen for the first time has count 1, not 0 "
-        "(counts.get(pair, 0) + 1)":
-            _first_sighting_is_zero,
-    },
-)
-
-
-# --- my_merge_pair(ids, pair, new_id) -> list --------------------------------------------------
-
-def _merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    return merge_pair(ids, pair, new_id)
-
-
-def _right_to_left(ids, pair, new_id):
-    return merge_pair(ids[::-1], pair[::-1], new_id)[::-1]
-
-
-def _without_skipping(ids, pair, new_id):
-    """Every position that starts the pair becomes new_id; the second token is not skipped."""
-    merged, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
-            merged.append(new_id)
-            i += 1
-            if i + 1 >= len(ids) or (ids[i], ids[i + 1]) != pair:
-                i += 1
-        else:
-            merged.append(ids[i])
-            i += 1
-    return merged
-
-
-def _keeps_both_tokens(ids, pair, new_id):
-    """The first token of each pair becomes new_id, the second stays: the list never shrinks."""
-    return [new_id if (a, b) == pair else a for a, b in zip(ids, [*ids[1:], None])]
-
-
-def _drops_the_last_token(ids, pair, new_id):
-    merged, i = [], 0
-    while i + 1 < len(ids):
-        if (ids[i], ids[i + 1]) == pair:
-            merged.append(new_id)
-            i += 2
-        else:
-            merged.append(ids[i])
-            i += 1
-    return merged
+# Sennrich et al.'s example of words and how often they occur, with GPT-2's leading spaces.
+_WORDS = {tuple(b" low"): 5, tuple(b" lower"): 2, tuple(b" newest"): 6, tuple(b" widest"): 3}
 
 
 def _first_only(ids, pair, new_id):
@@ -163,57 +38,6 @@ def _first_only(ids, pair, new_id):
         if (ids[i], ids[i + 1]) == pair:
             return [*ids[:i], new_id, *ids[i + 2:]]
     return list(ids)
-
-
-def _first_id_only(ids, pair, new_id):
-    """Merges wherever ids[i] is the pair's first id, whatever follows it."""
-    merged, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and ids[i] == pair[0]:
-            merged.append(new_id)
-            i += 2
-        else:
-            merged.append(ids[i])
-            i += 1
-    return merged
-
-
-check_merge_pair = Checker(
-    reference=_merge_pair,
-    cases=[(_SEED, (97, 97), 256),
-           ([1, 2, 1, 2, 3], (1, 2), 7),
-           ([1, 1, 1], (1, 1), 9),
-           ([4, 1, 1, 1, 1, 1], (1, 1), 9),
-           ([2, 1, 3], (1, 2), 7),
-           ([5, 6, 2, 3], (2, 3), 8)],
-    mistakes={
-        "scan from the left: in a a a the first two a's merge, giving Z a, not a Z":
-            _right_to_left,
-        "after replacing a pair, jump past both of its tokens (i += 2): a token belongs to "
-        "at most one merged pair, so a a a becomes Z a, not Z Z":
-            _without_skipping,
-        "a merged pair is one id where there were two, so the list gets shorter: after "
-        "appending new_id, skip the pair's second token as well (i += 2), instead of "
-        "keeping it. In a for loop, i += 2 changes nothing (the next round takes the next "
-        "i from range): use a while loop":
-            _keeps_both_tokens,
-        "a final token that is not part of a pair was lost: keep it (loop while "
-        "i < len(ids), and check i + 1 < len(ids) before looking at the pair)":
-            _drops_the_last_token,
-        "replace every occurrence of the pair, not only the first":
-            _first_only,
-        "nothing was merged, your answer is ids unchanged. If you compare ids[i:i + 2] == "
-        "pair: a slice is a list and pair a tuple, and a list never equals a tuple; "
-        "compare (ids[i], ids[i + 1]) == pair":
-            lambda ids, pair, new_id: list(ids),
-        "check both ids of the pair: it occurs where ids[i] == pair[0] and "
-        "ids[i + 1] == pair[1]":
-            _first_id_only,
-        "the pair is ordered: ids[i] must be its first id and ids[i + 1] its second, so "
-        "(1, 2) occurs in 1 2 but not in 2 1":
-            lambda ids, pair, new_id: merge_pair(ids, pair[::-1], new_id),
-    },
-)
 
 
 # --- my_encode(text, merges) -> list -----------------------------------------------------------
@@ -285,9 +109,9 @@ check_encode = Checker(
         "each merge replaces every occurrence of its pair, not only the first one":
             _each_merge_once,
         "the bytes are only the start: then apply every merge of the table in turn and "
-        "keep each result, ids = my_merge_pair(ids, pair, new_id) (your answer is the "
-        "text's bytes with no merge applied; if you did that, does my_merge_pair pass its "
-        "own checker?)":
+        "keep each result, ids = merge_pair(ids, pair, new_id) (your answer is the text's "
+        "bytes with no merge applied; merge_pair returns a new list and leaves ids as it "
+        "was)":
             lambda text, merges: list(text.encode("utf-8")),
         "a merged pair becomes the new_id stored in its table entry (256, 257, ...), not "
         "the entry's position in the list":
@@ -303,28 +127,249 @@ check_encode = Checker(
 )
 
 
-# --- my_train_merges(text, num_merges) -> [((first, second), new_id), ...] ----------------------
+# --- my_decode(ids, merges) -> str -------------------------------------------------------------
 
-def _train_merges(text: str, num_merges: int) -> list:
-    return train_merges([list(text.encode("utf-8"))], num_merges)
+def _token_bytes(merges: list) -> dict[int, bytes]:
+    table = {i: bytes([i]) for i in range(256)}
+    for (first, second), new_id in merges:
+        table[new_id] = table[first] + table[second]
+    return table
 
 
-def _training(text, num_merges, *, choose, stop_below=2, first_id=256, check_empty=True,
-              start=lambda text: list(text.encode("utf-8")),
-              record=lambda pair, new_id: (pair, new_id)):
-    """Train with one thing done differently: how the pair is chosen (``choose(counts)``),
-    when training stops, the first new id, the starting ids, or how a merge is recorded."""
-    ids = start(text)
+def _decode(ids: list[int], merges: list) -> str:
+    table = _token_bytes(merges)
+    return b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def _one_byte_per_character(ids, merges):
+    """Each byte read as the character with that number, chr(195) + chr(169) = 'Ã©'."""
+    table = _token_bytes(merges)
+    return "".join(chr(b) for i in ids for b in table[i])
+
+
+def _token_by_token(ids, merges):
+    table = _token_bytes(merges)
+    return "".join(table[i].decode("utf-8") for i in ids)
+
+
+def _token_by_token_replaced(ids, merges):
+    table = _token_bytes(merges)
+    return "".join(table[i].decode("utf-8", errors="replace") for i in ids)
+
+
+def _undone_in_learned_order(ids, merges):
+    """Each merged token replaced by its two parts, the first merge first: X = ZY is undone
+    after Z and Y, so they stay."""
+    ids = list(ids)
+    for (first, second), new_id in merges:
+        ids = [part for i in ids for part in ((first, second) if i == new_id else (i,))]
+    return bytes(ids).decode("utf-8")
+
+
+def _without_the_bytes(ids, merges):
+    """The table holds only the merged tokens: looking up a byte fails."""
+    table = {}
+    for (first, second), new_id in merges:
+        table[new_id] = table[first] + table[second]
+    return b"".join(table[i] for i in ids).decode("utf-8")
+
+
+check_decode = Checker(
+    reference=_decode,
+    cases=[([258, 100, 258, 97, 99], _SEED_MERGES),
+           ([257, 258, 32, 99, 97, 102, 195, 169], _SEED_MERGES),
+           ([256, 169, 32, 257, 169], [((99, 195), 256), ((110, 256), 257)]),
+           ([257, 256, 110], [((195, 169), 256), ((110, 256), 257)]),
+           ([], _SEED_MERGES)],
+    mistakes={
+        "an id above 255 is a merged token, not a character: chr(258) is 'Ă'. Look up the "
+        "bytes each token stands for (a merged token's bytes are its two parts' bytes, "
+        "joined), then decode the bytes of all tokens together":
+            lambda ids, merges: "".join(chr(i) for i in ids),
+        "chr(195) + chr(169) is 'Ã©': one character per byte is right for a, b, c but "
+        "not for é, which is two bytes in UTF-8. Join the bytes of all tokens and decode "
+        "them together, b''.join(...).decode('utf-8')":
+            _one_byte_per_character,
+        "a token can hold part of a character: é is the two bytes 195 169, and they may "
+        "sit in two tokens. Join the bytes of all tokens first, then decode once, "
+        "b''.join(...).decode('utf-8')":
+            _token_by_token,
+        "each � marks a token decoded on its own: é is the two bytes 195 169, and they may "
+        "sit in two tokens. Join the bytes of all tokens first, then decode once":
+            _token_by_token_replaced,
+        "bytes() takes only 0 to 255, and a merged token's id was left: its parts can be "
+        "merged tokens themselves (X = ZY). Undo the merges from the last one learned to "
+        "the first, or build each token's bytes from its parts' bytes, earliest merge "
+        "first":
+            _undone_in_learned_order,
+        "tokens 0 to 255 are the bytes themselves: start the table with bytes([i]) for "
+        "every i in range(256), then add one entry per merge, "
+        "table[new_id] = table[first] + table[second]":
+            _without_the_bytes,
+        "return the text as a str: .decode('utf-8') turns the joined bytes into one":
+            lambda ids, merges: b"".join(_token_bytes(merges)[i] for i in ids),
+        "return one string, the bytes of all tokens joined and decoded, not a list with "
+        "one entry per token":
+            lambda ids, merges: [_decode([i], merges) for i in ids],
+    },
+)
+
+
+# --- my_count_piece_pairs(pieces) -> {(first, second): count} ---------------------------------
+
+def _count_piece_pairs(pieces: dict) -> dict[tuple[int, int], int]:
+    counts = Counter()
+    for piece, count in pieces.items():
+        for pair in zip(piece, piece[1:]):
+            counts[pair] += count
+    return dict(counts)
+
+
+def _per_piece(count_one):
+    """Pairs counted in each piece by ``count_one(piece)``, weighted by the piece's count."""
+    def wrong(pieces):
+        counts = {}
+        for piece, count in pieces.items():
+            for pair, found in count_one(piece).items():
+                counts[pair] = counts.get(pair, 0) + found * count
+        return counts
+    return wrong
+
+
+def _without_overlaps(ids):
+    """Each pair counted like str.count: a match skips both of its tokens."""
+    counts = {}
+    for pair in set(zip(ids, ids[1:])):
+        i = found = 0
+        while i + 1 < len(ids):
+            if (ids[i], ids[i + 1]) == pair:
+                found, i = found + 1, i + 2
+            else:
+                i += 1
+        counts[pair] = found
+    return counts
+
+
+def _past_the_end(ids):
+    """Looks for a pair at every position, the last one included."""
+    counts = {}
+    for i in range(len(ids)):
+        pair = (ids[i], ids[i + 1])
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def _wraps_around(ids):
+    """Pairs (ids[i - 1], ids[i]) for every i: at i = 0 that is (last, first)."""
+    counts = {}
+    for i in range(len(ids)):
+        pair = (ids[i - 1], ids[i])
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def _overwritten(pieces):
+    """counts[pair] = count: a pair seen again keeps only the last piece's count."""
+    counts = {}
+    for piece, count in pieces.items():
+        for pair in zip(piece, piece[1:]):
+            counts[pair] = count
+    return counts
+
+
+def _joined(pieces):
+    """All pieces, once each, joined into one list before counting."""
+    ids = [i for piece in pieces for i in piece]
+    return dict(Counter(zip(ids, ids[1:])))
+
+
+def _joined_with_repeats(pieces):
+    """Each piece written out count times, all joined into one list before counting."""
+    ids = [i for piece, count in pieces.items() for _ in range(count) for i in piece]
+    return dict(Counter(zip(ids, ids[1:])))
+
+
+def _ids_not_pairs(pieces):
+    counts = {}
+    for piece, count in pieces.items():
+        for i in piece:
+            counts[i] = counts.get(i, 0) + count
+    return counts
+
+
+# The first case tells the piece-level mistakes apart (weights, overwriting, crossing); the
+# second and third hold the overlaps and the pairs of both orders.
+check_count_piece_pairs = Checker(
+    reference=_count_piece_pairs,
+    cases=[({tuple(b" low"): 5, tuple(b" lower"): 2},),
+           ({(97, 97, 97, 97): 2, (98, 97): 1},),
+           ({(3, 1, 3, 1, 3): 1, (1, 3): 2},),
+           ({(5,): 4, (): 2, (6, 7): 1},),
+           ({},)],
+    mistakes={
+        "each piece stands for count copies of itself: add count for each of its pairs, "
+        "counts[pair] = counts.get(pair, 0) + count, not 1":
+            lambda pieces: _count_piece_pairs(dict.fromkeys(pieces, 1)),
+        "pairs never cross from one piece into the next: count inside each piece, "
+        "zip(piece, piece[1:]), instead of joining the pieces into one list":
+            _joined,
+        "pairs never cross from one piece into the next, not even into a copy of itself: "
+        "count the pairs of each piece once and multiply by its count, instead of "
+        "writing the pieces out and joining them":
+            _joined_with_repeats,
+        "count the pairs of neighbours inside each piece, with keys (first, second), not "
+        "whole pieces":
+            lambda pieces: dict(pieces),
+        "count pairs of neighbours, with keys (piece[i], piece[i + 1]), not single ids":
+            _ids_not_pairs,
+        "a piece can hold a pair more than once: a a a holds (a, a) at positions 0 and 1. "
+        "Count the pair that starts at every position, not each different pair once":
+            _per_piece(lambda piece: {pair: 1 for pair in set(zip(piece, piece[1:]))}),
+        # after the set of pairs: within one piece, the two give the same counts
+        "a pair found again adds to what it has: counts[pair] = counts.get(pair, 0) + "
+        "count, not counts[pair] = count, which keeps only the count of its last sighting":
+            _overwritten,
+        "pairs overlap: a a a holds the pair (a, a) twice, at positions 0 and 1. Count the "
+        "pair that starts at every position, without skipping ahead after a match":
+            _per_piece(_without_overlaps),
+        "a pair starts at every position 0, 1, ..., len(piece) - 2, not only at the even "
+        "ones: step one id at a time, zip(piece, piece[1:])":
+            _per_piece(lambda piece: dict(Counter(zip(piece[::2], piece[1::2])))),
+        "the last pair of each piece is missing: a pair starts at every position 0 to "
+        "len(piece) - 2, so let i run over range(len(piece) - 1)":
+            _per_piece(lambda piece: dict(Counter(zip(piece[:-1], piece[1:-1])))),
+        "the last id of a piece has no neighbour after it: a pair starts at positions 0 to "
+        "len(piece) - 2, so stop before piece[i + 1] runs past the end":
+            _per_piece(_past_the_end),
+        "at i = 0, piece[i - 1] is piece[-1], the last id (Python counts negative indices "
+        "from the end), so a pair (last, first) that is not in the piece was counted: "
+        "start at i = 1, or use zip(piece, piece[1:])":
+            _per_piece(_wraps_around),
+        "the order inside a pair matters: (a, b) and (b, a) are different pairs (ab is not "
+        "ba), so keep each pair as (piece[i], piece[i + 1]) without sorting it":
+            _per_piece(lambda piece: dict(Counter(tuple(sorted(pair))
+                                                  for pair in zip(piece, piece[1:])))),
+        "return the counts as a dict {(first, second): count}; most_common() turns them "
+        "into a list of (pair, count)":
+            lambda pieces: Counter(_count_piece_pairs(pieces)).most_common(),
+    },
+)
+
+
+# --- my_train_piece_merges(pieces, num_merges) -> [((first, second), new_id), ...] -------------
+
+def _train_piece_merges(pieces: dict, num_merges: int) -> list:
     merges = []
-    for new_id in range(first_id, first_id + num_merges):
-        counts = count_pairs(ids)
-        if check_empty and not counts:
+    for new_id in range(256, 256 + num_merges):
+        counts = _count_piece_pairs(pieces)
+        if not counts:
             break
-        pair = choose(counts)
-        if counts[pair] < stop_below:
+        pair = min(counts, key=lambda p: (-counts[p], p))
+        if counts[pair] < 2:
             break
-        ids = merge_pair(ids, pair, new_id)
-        merges.append(record(pair, new_id))
+        pieces = {tuple(merge_pair(piece, pair, new_id)): count
+                  for piece, count in pieces.items()}
+        merges.append((pair, new_id))
     return merges
 
 
@@ -337,120 +382,168 @@ def _largest_by_max(counts):
     return max(counts, key=lambda pair: (counts[pair], -pair[0], -pair[1]))
 
 
-def _records_the_last_pair(text, num_merges):
+def _training(pieces, num_merges, *, choose=_smallest, stop_below=2, first_id=256,
+              extra=0, check_empty=True, count=_count_piece_pairs,
+              merge=lambda piece, pair, new_id, c: {tuple(merge_pair(piece, pair, new_id)): c},
+              record=lambda pair, new_id: (pair, new_id)):
+    """Train with one thing done differently: how the pair is chosen (``choose(counts)``),
+    when training stops, the first new id, how many merges, how pairs are counted, how a
+    piece is merged, or how a merge is recorded."""
+    merges = []
+    for new_id in range(first_id, first_id + num_merges + extra):
+        counts = count(pieces)
+        if check_empty and not counts:
+            break
+        pair = choose(counts)
+        if counts[pair] < stop_below:
+            break
+        merged = {}
+        for piece, c in pieces.items():
+            merged.update(merge(piece, pair, new_id, c))
+        pieces = merged
+        merges.append(record(pair, new_id))
+    return merges
+
+
+def _joined_training(pieces, num_merges):
+    """The pieces, each written out count times, joined into one list and trained on like
+    one text."""
+    ids = [i for piece, count in pieces.items() for _ in range(count) for i in piece]
+    return _training({tuple(ids): 1}, num_merges)
+
+
+def _pieces_as_lists(pieces, num_merges):
+    """The merged pieces kept as lists, which cannot be dict keys."""
+    return _training(pieces, num_merges,
+                     merge=lambda piece, pair, new_id, c: {merge_pair(piece, pair, new_id): c})
+
+
+def _records_the_last_pair(pieces, num_merges):
     """Records the best pair before checking its count, so one pair seen once is kept."""
-    ids = list(text.encode("utf-8"))
     merges = []
     for new_id in range(256, 256 + num_merges):
-        counts = count_pairs(ids)
+        counts = _count_piece_pairs(pieces)
         if not counts:
             break
         pair = _smallest(counts)
         merges.append((pair, new_id))
         if counts[pair] < 2:
             break
-        ids = merge_pair(ids, pair, new_id)
+        pieces = {tuple(merge_pair(p, pair, new_id)): c for p, c in pieces.items()}
     return merges
 
 
-def _counted_once(text, num_merges):
-    """All merges chosen from the counts of the original text, never recounted."""
-    ids = list(text.encode("utf-8"))
-    ranked = sorted(count_pairs(ids).items(), key=lambda item: (-item[1], item[0]))
+def _counted_once(pieces, num_merges):
+    """All merges chosen from the counts of the original pieces, never recounted."""
+    counts = _count_piece_pairs(pieces)
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     chosen = [pair for pair, count in ranked if count >= 2][:num_merges]
     return [(pair, 256 + k) for k, pair in enumerate(chosen)]
 
 
-def _counts_never_updated(text, num_merges):
-    """The pairs counted once before the loop: the same best pair comes back every time."""
-    ids = list(text.encode("utf-8"))
-    counts = count_pairs(ids)
-    merges = []
-    for new_id in range(256, 256 + num_merges):
-        if not counts:
-            break
-        pair = _smallest(counts)
-        if counts[pair] < 2:
-            break
-        ids = merge_pair(ids, pair, new_id)
-        merges.append((pair, new_id))
-    return merges
+def _pieces_never_merged(pieces, num_merges):
+    """Counted again every time, but from pieces that were never merged."""
+    return _training(pieces, num_merges, merge=lambda piece, pair, new_id, c: {piece: c})
 
 
-# The case with room for more merges than the text allows comes first: there an answer that
-# makes one merge too few is still right, so only a real recounting mistake fails it. The
-# text with é (two bytes in UTF-8) tells bytes from code points and characters.
-check_train_merges = Checker(
-    reference=_train_merges,
-    cases=[("aaabdaaabac", 10),
-           ("aaabdaaabac", 3),
-           ("the cat and the hat and the bat", 6),
-           ("abcd", 2),
-           ("h\u00e9h\u00e9", 5),
-           ("", 2)],
+# The case with room for more merges than the pieces allow comes first: there an answer that
+# makes one merge too few or too many is still right, so only a real mistake of counting or
+# choosing fails it. In the first case every pair occurs at least twice, so choosing the least
+# frequent pair still merges something.
+check_train_piece_merges = Checker(
+    reference=_train_piece_merges,
+    cases=[(_WORDS, 20),
+           (_WORDS, 5),
+           ({tuple(b"aaabdaaabac"): 1}, 10),
+           ({tuple(b"ab"): 3, tuple(b"cdcd"): 1}, 3),
+           ({tuple(b"abc"): 3, tuple(b"bcd"): 1}, 3),
+           ({tuple(b"xa"): 2, tuple(b"by"): 2}, 4),
+           ({(7,): 5}, 2),
+           ({}, 2)],
     mistakes={
         # before the recount hint: on case 2 one merge short looks like counting once
         "make num_merges merges (for new_id in range(256, 256 + num_merges)) unless no pair "
         "occurs twice: one is missing":
-            lambda text, n: _train_merges(text, n - 1) if n > 0 else [],
+            lambda pieces, n: _train_piece_merges(pieces, n - 1) if n > 0 else [],
+        "one merge too many: new_id runs over range(256, 256 + num_merges), which makes at "
+        "most num_merges merges":
+            lambda pieces, n: _training(pieces, n, extra=1),
+        "choose the most frequent pair, not the least frequent: min() finds the largest "
+        "count when the count is negated, min(counts, key=lambda p: (-counts[p], p))":
+            lambda pieces, n: _training(pieces, n, choose=lambda c: min(c, key=c.get)),
+        "each piece counts as many times as it occurs: weight its pairs by its count (your "
+        "my_count_piece_pairs does), so that ' low', seen 5 times, outweighs ' lower', "
+        "seen twice":
+            lambda pieces, n: _training(
+                pieces, n, count=lambda p: _count_piece_pairs(dict.fromkeys(p, 1))),
+        "pairs never cross from one piece into the next: count and merge inside each "
+        "piece, each weighted by its count, instead of joining the pieces into one list":
+            _joined_training,
+        "keep each piece's count when you merge it: the merged piece occurs as often as "
+        "before, {tuple(merge_pair(piece, pair, new_id)): count for piece, count in "
+        "pieces.items()}":
+            lambda pieces, n: _training(
+                pieces, n, merge=lambda piece, pair, new_id, c:
+                {tuple(merge_pair(piece, pair, new_id)): 1}),
+        "a list cannot be a dict key: store each merged piece as a tuple, "
+        "tuple(merge_pair(piece, pair, new_id))":
+            _pieces_as_lists,
         # counting once and choosing the smallest pair whatever its count give the same table
-        "after aa and ab your table goes wrong: each merge must be the most frequent pair of "
-        "the list as it is now. Recount the pairs after every merge (a merge removes pairs and "
-        "creates new ones, such as Z with its neighbours), and choose by count first, the "
-        "smallest pair only breaking ties: min(counts, key=lambda p: (-counts[p], p))":
-            _counted_once,
-        # counts never updated and a merged list never kept give the same table
-        "the same pair comes back every time although it no longer occurs: count the pairs "
-        "of the merged list, inside the loop, and keep the merged list, "
-        "ids = my_merge_pair(ids, pair, new_id)":
-            _counts_never_updated,
-        "ties go to the smallest pair (first id, then second id), whereas "
-        "Counter.most_common and max(counts, key=counts.get) keep the pair seen first. "
-        "After Z = aa, (a, b) = (97, 98) beats (Z, a) = (256, 97): use "
+        "after the first merges your table goes wrong: each merge must be the most frequent "
+        "pair of the pieces as they are now. Recount the pairs after every merge (a merge "
+        "removes pairs and creates new ones, such as the new token with its neighbours), "
+        "and choose by count first, the smallest pair only breaking ties: "
         "min(counts, key=lambda p: (-counts[p], p))":
-            lambda text, n: _training(text, n, choose=lambda c: c.most_common(1)[0][0]),
+            _counted_once,
+        # counts never updated and pieces never merged give the same table
+        "the same pair comes back every time although it no longer occurs: merge every "
+        "piece and keep the merged pieces, then count the pairs of those, inside the loop":
+            _pieces_never_merged,
+        "ties go to the smallest pair (first id, then second id), whereas "
+        "Counter.most_common and max(counts, key=counts.get) keep the pair seen first: use "
+        "min(counts, key=lambda p: (-counts[p], p))":
+            lambda pieces, n: _training(pieces, n,
+                                        choose=lambda c: Counter(c).most_common(1)[0][0]),
+        "ties go to the smallest pair (first id, then second id): a key of "
+        "(counts[p], p) for max() sends them to the largest pair. Use "
+        "min(counts, key=lambda p: (-counts[p], p))":
+            lambda pieces, n: _training(pieces, n,
+                                        choose=lambda c: max(c, key=lambda p: (c[p], p))),
         "stop when the most frequent pair occurs only once: a token for it would be used a "
         "single time, saving one token at the cost of a vocabulary entry":
-            lambda text, n: _training(text, n, choose=_smallest, stop_below=0),
+            lambda pieces, n: _training(pieces, n, stop_below=0),
         "a pair that occurs twice is still merged (it saves a token each time): stop only "
         "when the best pair occurs fewer than two times, counts[pair] < 2":
-            lambda text, n: _training(text, n, choose=_smallest, stop_below=3),
+            lambda pieces, n: _training(pieces, n, stop_below=3),
         "check the count before you record the merge: a pair that occurs only once is "
         "neither merged nor recorded":
             _records_the_last_pair,
         "no merge was recorded: make up to num_merges merges, for new_id in "
         "range(256, 256 + num_merges), and stop only when the best pair occurs fewer than "
         "two times":
-            lambda text, n: [],
+            lambda pieces, n: [],
         "new ids continue after the 256 byte values: the first merge creates 256, the next "
-        "257, whatever bytes the text uses":
-            lambda text, n: _training(text, n, choose=_smallest,
-                                      first_id=max(text.encode("utf-8"), default=-1) + 1),
+        "257, whatever bytes the pieces use":
+            lambda pieces, n: _training(
+                pieces, n, first_id=max((i for p in pieces for i in p), default=-1) + 1),
         "new ids start at 256, not 0: ids 0 to 255 are the bytes themselves, so "
         "new_id runs over range(256, 256 + num_merges)":
-            lambda text, n: _training(text, n, choose=_smallest, first_id=0),
+            lambda pieces, n: _training(pieces, n, first_id=0),
         "off by one: the bytes are 0 to 255, so the first new id is 256":
-            lambda text, n: _training(text, n, choose=_smallest, first_id=255),
+            lambda pieces, n: _training(pieces, n, first_id=255),
         "record each merge as a tuple ((first, second), new_id), the format of "
         "BPETokenizer.merges: a list [pair, new_id] does not compare equal to a tuple":
-            lambda text, n: _training(text, n, choose=_smallest,
-                                      record=lambda pair, new_id: [pair, new_id]),
+            lambda pieces, n: _training(pieces, n,
+                                        record=lambda pair, new_id: [pair, new_id]),
         "record each merge as ((first, second), new_id), the pair in a tuple of its own, "
         "not as three numbers (first, second, new_id)":
-            lambda text, n: _training(text, n, choose=_smallest,
-                                      record=lambda pair, new_id: (*pair, new_id)),
-        "start from the UTF-8 bytes, list(text.encode('utf-8')), not from ord(c): é is one "
-        "code point but two bytes, and the merges are pairs of byte ids":
-            lambda text, n: _training(text, n, choose=_smallest,
-                                      start=lambda text: [ord(c) for c in text]),
-        "start from the UTF-8 bytes, list(text.encode('utf-8')): list(text) gives "
-        "characters (strings), and the merges are pairs of byte ids (integers)":
-            lambda text, n: _training(text, n, choose=_smallest, start=list),
-        "a text with fewer than two bytes has no pairs, and min() of no pairs fails: stop "
-        "when there are none (if not counts: break)":
-            lambda text, n: _training(text, n, choose=_smallest, check_empty=False),
-        "a text with fewer than two bytes has no pairs, and max() of no pairs fails: stop "
-        "when there are none (if not counts: break)":
-            lambda text, n: _training(text, n, choose=_largest_by_max, check_empty=False),
+            lambda pieces, n: _training(pieces, n,
+                                        record=lambda pair, new_id: (*pair, new_id)),
+        "once every piece is a single id (or empty) no pair is left, and min() of no "
+        "pairs fails: stop when there are none (if not counts: break)":
+            lambda pieces, n: _training(pieces, n, check_empty=False),
+        "once every piece is a single id (or empty) no pair is left, and max() of no "
+        "pairs fails: stop when there are none (if not counts: break)":
+            lambda pieces, n: _training(pieces, n, choose=_largest_by_max, check_empty=False),
     },
 )

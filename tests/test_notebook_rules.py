@@ -165,6 +165,31 @@ def test_code_lines_fit_the_column(notebook):
                           "characters:\n" + "\n".join(too_long))
 
 
+def _output_texts(cell: dict) -> list[str]:
+    """The text a code cell's outputs print: streams and plain-text results (no tracebacks)."""
+    texts = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            texts.append("".join(output.get("text", "")))
+        elif "text/plain" in output.get("data", {}) and "image/png" not in output["data"]:
+            texts.append("".join(output["data"]["text/plain"]))
+    return texts
+
+
+def test_output_lines_fit_the_column(notebook):
+    """Printed lines are at most 79 characters too: outputs share the code cells' font, so a
+    longer one scrolls sideways at 1280 px (tests/test_book_pages.py measures it there)."""
+    too_long = [
+        f"cell {index} ({len(line)} chars): {line.strip()[:60]}"
+        for index, cell, _, _ in _code_cells(notebook)
+        for text in _output_texts(cell)
+        for line in re.split(r"[\r\n]", text)
+        if len(line) > MAX_LINE
+    ]
+    assert not too_long, (f"{notebook.name}: {len(too_long)} output lines longer than {MAX_LINE} "
+                          "characters:\n" + "\n".join(too_long))
+
+
 def test_solution_cells_are_folded_in_jupyterlab(notebook):
     solutions = [(index, cell) for index, cell, _, in_solution in _code_cells(notebook) if in_solution]
     unfolded = [f"cell {index}: {_first_line(cell)}" for index, cell in solutions

@@ -27,9 +27,10 @@ def corpus():
 # ----- the committed file ------------------------------------------------------------------------
 
 def test_corpus_size_is_what_chapter_12_expects(corpus):
-    # About 100-150 kB of prose from the intro and chapters 1-11; far outside means the file was
-    # regenerated from a very different book, and every number chapter 12 quotes must be re-checked.
-    assert 100_000 <= len(corpus.encode("utf-8")) <= 160_000
+    # About 100-200 kB of prose from the intro and chapters 1-11 (158 kB on 2026-11-22); far
+    # outside means the file was regenerated from a very different book, and every number
+    # chapter 12 quotes must be re-checked.
+    assert 100_000 <= len(corpus.encode("utf-8")) <= 200_000
     assert len(corpus.split()) > 15_000
 
 

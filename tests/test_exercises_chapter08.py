@@ -326,3 +326,23 @@ def test_the_formula_matches_the_package_block_for_every_case():
     for d_model, num_heads, d_ff in check_count_block_parameters.cases:
         assert count_by_building(d_model, num_heads, d_ff) == \
             check_count_block_parameters.reference(d_model, num_heads, d_ff)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda d, h, f: 3 * d * (d // h) + 3 * d + d * d + d + 2 * d * f + f + d + 4 * d,
+     ("Hint: each head has its own d_model x d_k projections for Q, K and V, d_k = d_model / "
+      "num_heads; num_heads of them make 3 d_model x d_model weights in all, whatever "
+      "num_heads is, and W_O adds one more d_model x d_model\n")),
+    (lambda d, h, f: 3 * (d * (d // h) + d // h) + d * d + d + 2 * d * f + f + d + 4 * d,
+     ("Hint: each head has its own d_model x d_k projections and d_k biases for Q, K and V, "
+      "d_k = d_model / num_heads; num_heads of them make 3 d_model x d_model weights and "
+      "3 d_model biases in all, whatever num_heads is, and W_O adds one more d_model x "
+      "d_model and d_model biases\n")),
+], ids=["weights", "weights and biases"])
+def test_count_of_one_head_q_k_v_with_a_full_output_projection(wrong, hint, capsys):
+    # W_O acts on the concatenation, so a learner counts it d_model x d_model, but counts one
+    # head's Q, K and V (d_model x d_k each) instead of num_heads of them
+    assert not check_count_block_parameters(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input (512, 8, 2048)")
+    assert out.endswith(hint)

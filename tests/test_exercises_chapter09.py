@@ -162,3 +162,16 @@ def test_gather_with_a_two_dimensional_index_is_explained(capsys):
     assert out.endswith("Hint: gather wants an index with as many dimensions as log_probs "
                         "(B, T, N): targets[..., None] is (B, T, 1), and [..., 0] drops the "
                         "extra dimension of the result again\n")
+
+
+def test_gather_along_the_positions_is_explained(capsys):
+    def gathered_along_dim_1(logits, targets):
+        log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+        return -log_probs.gather(1, targets[..., None]).squeeze(-1).mean()
+
+    assert not check_cross_entropy(gathered_along_dim_1)
+    out = capsys.readouterr().out
+    assert "raised RuntimeError: index 2 is out of bounds for dimension 1 with size 2" in out
+    assert out.endswith("Hint: gather along the vocabulary, the last dimension: "
+                        "log_probs.gather(-1, targets[..., None]); dimension 1 of (B, T, N) is "
+                        "the T positions, so gather(1, ...) uses the word ids as positions\n")

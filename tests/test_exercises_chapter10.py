@@ -276,3 +276,23 @@ def test_a_width_one_short_is_explained(capsys):
     assert out.endswith("Hint: both tensors are (B, T_max + 1): the longest sentence needs "
                         "T_max + 1 places, with <bos> in front or <eos> behind, so width = "
                         "max(len(words) for words in sentences) + 1\n")
+
+
+def test_a_width_one_short_filled_into_padding_is_explained(capsys):
+    # the same mistake written with torch.full and slice assignment: the longest sentence's
+    # <bos> + words does not fit its row, and torch names only the sizes
+    def one_short(sentences, bos_id, eos_id, pad_id):
+        width = max(len(words) for words in sentences)
+        tgt_in = torch.full((len(sentences), width), pad_id, dtype=torch.long)
+        targets = torch.full((len(sentences), width), pad_id, dtype=torch.long)
+        for i, words in enumerate(sentences):
+            targets[i, :len(words) + 1] = torch.tensor(words + [eos_id])
+            tgt_in[i, :len(words) + 1] = torch.tensor([bos_id] + words)
+        return tgt_in, targets
+
+    assert not check_decoder_input_and_targets(one_short)
+    out = capsys.readouterr().out
+    assert "raised RuntimeError: The expanded size of the tensor (3) must match" in out
+    assert out.endswith("Hint: both tensors are (B, T_max + 1): the longest sentence needs "
+                        "T_max + 1 places, with <bos> in front or <eos> behind, so make the "
+                        "torch.full tensors max(len(words) for words in sentences) + 1 wide\n")

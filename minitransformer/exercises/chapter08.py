@@ -230,6 +230,18 @@ check_count_block_parameters = Checker(
         "all, whatever num_heads is":
             lambda d, h, f: _count_block_parameters(d, h, f) - 4 * (d * d + d)
             + 4 * (d * d + d) // h,
+        # W_O acts on the concatenation of the heads, so it is d_model x d_model; the per-head
+        # Q, K and V counted once give the same kind of undercount as the four above
+        "each head has its own d_model x d_k projections for Q, K and V, d_k = d_model / "
+        "num_heads; num_heads of them make 3 d_model x d_model weights in all, whatever "
+        "num_heads is, and W_O adds one more d_model x d_model":
+            lambda d, h, f: _count_block_parameters(d, h, f) - 3 * d * d + 3 * d * d // h,
+        "each head has its own d_model x d_k projections and d_k biases for Q, K and V, d_k = "
+        "d_model / num_heads; num_heads of them make 3 d_model x d_model weights and 3 d_model "
+        "biases in all, whatever num_heads is, and W_O adds one more d_model x d_model and "
+        "d_model biases":
+            lambda d, h, f: _count_block_parameters(d, h, f) - 3 * (d * d + d)
+            + 3 * (d * d + d) // h,
         "do not forget the output projection W_O: four d_model x d_model matrices in the "
         "attention": lambda d, h, f: _count_block_parameters(d, h, f) - d * d - d,
         "the feed-forward block has biases too: d_ff in linear1 and d_model in linear2":

@@ -93,6 +93,11 @@ check_cross_entropy = Checker(
         "targets[..., None] is (B, T, 1), and [..., 0] drops the extra dimension of the result "
         "again":
             lambda logits, t: -torch.log_softmax(logits, -1).gather(-1, t).mean(),
+        "gather along the vocabulary, the last dimension: log_probs.gather(-1, "
+        "targets[..., None]); dimension 1 of (B, T, N) is the T positions, so gather(1, ...) "
+        "uses the word ids as positions":
+            lambda logits, t: -torch.log_softmax(logits, -1).gather(1, t[..., None])[..., 0]
+            .mean(),
     },
     atol=1e-5,
 )

@@ -266,6 +266,16 @@ def _width_one_short(sentences, bos_id, eos_id, pad_id):
     return torch.tensor(tgt_in), torch.tensor(targets)
 
 
+def _width_one_short_filled_in(sentences, bos_id, eos_id, pad_id):
+    width = max(len(words) for words in sentences)      # the longest row does not fit
+    tgt_in = torch.full((len(sentences), width), pad_id)
+    targets = torch.full((len(sentences), width), pad_id)
+    for row, words in enumerate(sentences):
+        tgt_in[row, :len(words) + 1] = torch.tensor([bos_id, *words])
+        targets[row, :len(words) + 1] = torch.tensor([*words, eos_id])
+    return tgt_in, targets
+
+
 def _special_ids_hard_coded(sentences, bos_id, eos_id, pad_id):
     return _decoder_input_and_targets(sentences, 1, 2, 0)
 
@@ -295,6 +305,9 @@ check_decoder_input_and_targets = Checker(
         "both tensors are (B, T_max + 1): the longest sentence needs T_max + 1 places, with "
         "<bos> in front or <eos> behind, so width = max(len(words) for words in sentences) + 1":
             _width_one_short,
+        "both tensors are (B, T_max + 1): the longest sentence needs T_max + 1 places, with "
+        "<bos> in front or <eos> behind, so make the torch.full tensors max(len(words) for "
+        "words in sentences) + 1 wide": _width_one_short_filled_in,
         "use the arguments bos_id, eos_id and pad_id rather than 1, 2 and 0: this case uses 4, "
         "5 and 3": _special_ids_hard_coded,
     },

@@ -259,7 +259,7 @@ def _too_wide(label: str, what: str, w: dict) -> str | None:
 
 
 @pytest.mark.parametrize("page", _chapter_notebooks())
-def test_no_code_cell_needs_sideways_scrolling(browser, page):
+def test_nothing_needs_sideways_scrolling(browser, page):
     """Code, the text it prints and display equations all fit the column (_static/code-cells.css)."""
     widths = _report(browser, page)["widths"]
     code = [(position, cell["code"]) for position, cell in enumerate(widths["cells"])

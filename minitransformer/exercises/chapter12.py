@@ -4,25 +4,30 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 :mod:`minitransformer.exercises`):
 
 * :data:`check_encode` -- ``my_encode(text, merges)``: the UTF-8 bytes of ``text`` with the
-  merges applied one after the other, in the order they were learned.
+  merges applied one after the other, in the order they were learned, as a list.
 * :data:`check_decode` -- ``my_decode(ids, merges)``: the text that token ids stand for, each
   merged token expanded into its bytes, the bytes of all tokens decoded together as UTF-8.
 * :data:`check_count_piece_pairs` -- ``my_count_piece_pairs(pieces)``: the pairs of
   neighbours inside each piece of ``{piece: count}``, each counted ``count`` times, never
   across two pieces.
+* :data:`check_merge_pieces` -- ``my_merge_pieces(pieces, pair, new_id)``: a new
+  ``{piece: count}`` with every occurrence of ``pair``, scanned left to right, replaced by
+  ``new_id`` inside each piece, each piece keeping its count.
 * :data:`check_train_piece_merges` -- ``my_train_piece_merges(pieces, num_merges)``: the merge
-  table learned from ``{piece: count}``, ties going to the smallest pair, stopping when no pair
-  occurs twice; what ``BPETokenizer.train`` does with a split pattern.
+  table learned from ``{piece: count}``, as a list, ties going to the smallest pair, stopping
+  when no pair occurs twice; what ``BPETokenizer.train`` does with a split pattern. A wrong
+  table is reported with the first merge where it differs.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 from minitransformer.bpe import apply_merges, count_pairs, merge_pair
-from minitransformer.exercises import Checker
+from minitransformer.exercises import Checker, show
 
-__all__ = ["check_count_piece_pairs", "check_decode", "check_encode",
+__all__ = ["check_count_piece_pairs", "check_decode", "check_encode", "check_merge_pieces",
            "check_train_piece_merges"]
 
 # The classic example: a a a b d a a a b a c as bytes (a = 97, b = 98, c = 99, d = 100).
@@ -94,7 +99,7 @@ check_encode = Checker(
     cases=[("aaabdaaabac", _SEED_MERGES),
            ("abc", [((98, 99), 256), ((97, 98), 257)]),
            ("né", [((195, 169), 256), ((110, 256), 257)]),
-           ("abab ab", [((97, 98), 256), ((256, 256), 257)]),
+           ("abab ab", (((97, 98), 256), ((256, 256), 257))),  # a tuple, as BPETokenizer.merges
            ("", _SEED_MERGES)],
     mistakes={
         "apply the merges in the order they were learned: a later merge builds on earlier "
@@ -123,6 +128,8 @@ check_encode = Checker(
         "Apply the table as it is: for each (pair, new_id), in order, replace that pair "
         "by new_id":
             _trains_again,
+        "return the ids as a list: a tuple () does not compare equal to a list []":
+            lambda text, merges: tuple(_encode(text, merges)),
     },
 )
 
@@ -166,6 +173,12 @@ def _undone_in_learned_order(ids, merges):
     return bytes(ids).decode("utf-8")
 
 
+def _one_level_as_characters(ids, merges):
+    """Each merged token replaced by its two parts once, then every id read as chr(id)."""
+    parts = {new_id: pair for pair, new_id in merges}
+    return "".join(chr(part) for i in ids for part in parts.get(i, (i,)))
+
+
 def _without_the_bytes(ids, merges):
     """The table holds only the merged tokens: looking up a byte fails."""
     table = {}
@@ -179,7 +192,7 @@ check_decode = Checker(
     cases=[([258, 100, 258, 97, 99], _SEED_MERGES),
            ([257, 258, 32, 99, 97, 102, 195, 169], _SEED_MERGES),
            ([256, 169, 32, 257, 169], [((99, 195), 256), ((110, 256), 257)]),
-           ([257, 256, 110], [((195, 169), 256), ((110, 256), 257)]),
+           ([257, 256, 110], (((195, 169), 256), ((110, 256), 257))),  # a tuple
            ([], _SEED_MERGES)],
     mistakes={
         "an id above 255 is a merged token, not a character: chr(258) is 'Ă'. Look up the "
@@ -206,6 +219,19 @@ check_decode = Checker(
         "every i in range(256), then add one entry per merge, "
         "table[new_id] = table[first] + table[second]":
             _without_the_bytes,
+        "'Ā' is chr(256): a merged token's parts can be merged tokens themselves (X = ZY, "
+        "so 258 is 256 and 257), and those are not characters either. Expand every token "
+        "all the way down to its bytes (build each token's bytes from its parts' bytes, "
+        "earliest merge first), then decode the bytes of all tokens together":
+            _one_level_as_characters,
+        "é is missing: its bytes 195 and 169 are two tokens here, neither is text on its "
+        "own, and errors='ignore' dropped both. Join the bytes of all tokens first, then "
+        "decode once, b''.join(...).decode('utf-8')":
+            lambda ids, merges: "".join(_token_bytes(merges)[i].decode("utf-8", errors="ignore")
+                                        for i in ids),
+        "str() of bytes gives the way they are written, b'...' with the b and the quotes: "
+        "turn the joined bytes into text with .decode('utf-8')":
+            lambda ids, merges: str(b"".join(_token_bytes(merges)[i] for i in ids)),
         "return the text as a str: .decode('utf-8') turns the joined bytes into one":
             lambda ids, merges: b"".join(_token_bytes(merges)[i] for i in ids),
         "return one string, the bytes of all tokens joined and decoded, not a list with "
@@ -289,6 +315,15 @@ def _joined_with_repeats(pieces):
     return dict(Counter(zip(ids, ids[1:])))
 
 
+def _first_sighting_once(pieces):
+    """A pair already seen gets count added; a new pair starts at 1, not at count."""
+    counts = {}
+    for piece, count in pieces.items():
+        for pair in zip(piece, piece[1:]):
+            counts[pair] = counts[pair] + count if pair in counts else 1
+    return counts
+
+
 def _ids_not_pairs(pieces):
     counts = {}
     for piece, count in pieces.items():
@@ -349,9 +384,123 @@ check_count_piece_pairs = Checker(
         "ba), so keep each pair as (piece[i], piece[i + 1]) without sorting it":
             _per_piece(lambda piece: dict(Counter(tuple(sorted(pair))
                                                   for pair in zip(piece, piece[1:])))),
-        "return the counts as a dict {(first, second): count}; most_common() turns them "
-        "into a list of (pair, count)":
+        "a pair seen for the first time occurs count times too, not once: "
+        "counts[pair] = counts.get(pair, 0) + count, also for a new pair":
+            _first_sighting_once,
+        "keys are pairs of ids, tuples (first, second) such as (108, 111), not text such as "
+        "'lo': a piece can hold merged tokens (256 and up), which are not characters":
+            lambda pieces: {chr(a) + chr(b): c
+                            for (a, b), c in _count_piece_pairs(pieces).items()},
+        "keys are tuples (first, second) such as (108, 111): bytes([108, 111]) is b'lo', "
+        "which does not compare equal to a tuple, and cannot hold a merged token (256 and "
+        "up)":
+            lambda pieces: {bytes(pair): c for pair, c in _count_piece_pairs(pieces).items()},
+        "return the counts as a dict {(first, second): count}, not a list of (pair, count) "
+        "such as most_common() or list(counts.items()) gives":
             lambda pieces: Counter(_count_piece_pairs(pieces)).most_common(),
+        "return the counts as a dict {(first, second): count}: sorted() always makes a "
+        "list, here of (pair, count) sorted by pair":
+            lambda pieces: sorted(_count_piece_pairs(pieces).items()),
+    },
+)
+
+
+# --- my_merge_pieces(pieces, pair, new_id) -> {piece: count} -----------------------------------
+
+def _merge_pieces(pieces: dict, pair: tuple[int, int], new_id: int) -> dict:
+    # new_id is new, so two different pieces never merge into the same one: no counts to add
+    return {tuple(merge_pair(piece, pair, new_id)): count for piece, count in pieces.items()}
+
+
+def _scan(piece, pair, new_id, *, step_after_match=2, keep_last=True, check_end=True,
+          either_order=False):
+    """One piece merged by a left-to-right scan, with one thing done differently."""
+    merged, i = [], 0
+    end = len(piece) if keep_last else len(piece) - 1
+    while i < end:
+        if check_end and i + 1 >= len(piece):
+            merged.append(piece[i])
+            i += 1
+            continue
+        here = (piece[i], piece[i + 1])
+        if here == pair or (either_order and here == pair[::-1]):
+            merged.append(new_id)
+            i += step_after_match
+        else:
+            merged.append(piece[i])
+            i += 1
+    return tuple(merged)
+
+
+def _each_piece(merge_one):
+    def wrong(pieces, pair, new_id):
+        return {merge_one(piece, pair, new_id): count for piece, count in pieces.items()}
+    return wrong
+
+
+def _from_the_right(piece, pair, new_id):
+    return tuple(reversed(_scan(piece[::-1], pair[::-1], new_id)))
+
+
+def _only_pieces_with_the_pair(pieces, pair, new_id):
+    return {tuple(merge_pair(piece, pair, new_id)): count for piece, count in pieces.items()
+            if pair in zip(piece, piece[1:])}
+
+
+def _changed_while_looping(pieces, pair, new_id):
+    for piece, count in pieces.items():
+        pieces[tuple(merge_pair(piece, pair, new_id))] = count
+    return pieces
+
+
+# Case 1 has pieces without the pair and a piece whose last id is not merged; case 2 the
+# overlaps, a a a and a a a a; case 3 a pair with a merged token, found twice in one piece
+# and reversed in another.
+check_merge_pieces = Checker(
+    reference=_merge_pieces,
+    cases=[({tuple(b" low"): 5, tuple(b" lower"): 2, tuple(b" newest"): 6}, (111, 119), 256),
+           ({(97, 97, 97): 3, (98, 97, 97, 97, 97): 1}, (97, 97), 256),
+           ({(256, 98, 256, 98, 99): 2, (98, 256): 4, (99,): 1}, (256, 98), 257),
+           ({(5, 6): 2, (): 1, (6, 5, 6, 5): 1}, (6, 5), 300),
+           ({}, (97, 98), 256)],
+    mistakes={
+        "a list cannot be a dict key: turn each merged piece into a tuple, tuple(merged), "
+        "before you store it":
+            _each_piece(merge_pair),
+        "keep each piece's count: the merged piece occurs as often as the piece did, "
+        "{merged piece: count}, not 1":
+            lambda pieces, pair, new_id: dict.fromkeys(_merge_pieces(pieces, pair, new_id), 1),
+        "keep every piece, also the ones that do not hold the pair: they stay as they are, "
+        "with their counts":
+            _only_pieces_with_the_pair,
+        "nothing was merged: inside each piece, replace every occurrence of pair (two "
+        "neighbours, first then second) by the single id new_id":
+            lambda pieces, pair, new_id: dict(pieces),
+        "the last id of a piece is lost when no match uses it: after the scan, or while "
+        "i < len(piece), keep the id that has no neighbour after it":
+            _each_piece(lambda piece, pair, new_id: _scan(piece, pair, new_id, keep_last=False)),
+        "after a match, move on by two ids (i += 2): in a a a the pair (a, a) at position 0 "
+        "uses up the second a, so the result is Z a, not Z Z a":
+            _each_piece(lambda piece, pair, new_id: _scan(piece, pair, new_id,
+                                                          step_after_match=1)),
+        "scan from left to right, as merge_pair does: in a a a the first two a merge, "
+        "giving Z a, not a Z":
+            _each_piece(_from_the_right),
+        "replace every occurrence of the pair in a piece, not only the first one":
+            _each_piece(lambda piece, pair, new_id: tuple(_first_only(piece, pair, new_id))),
+        "the order inside a pair matters: (first, second) merges only where first comes "
+        "before second, not the reversed pair":
+            _each_piece(lambda piece, pair, new_id: _scan(piece, pair, new_id,
+                                                          either_order=True)),
+        "the last id of a piece has no neighbour: check i + 1 < len(piece) before you "
+        "look at piece[i + 1]":
+            _each_piece(lambda piece, pair, new_id: _scan(piece, pair, new_id,
+                                                          check_end=False)),
+        "build a new dict for the merged pieces and return it: adding keys to pieces "
+        "while you loop over it raises this RuntimeError":
+            _changed_while_looping,
+        "return a dict {merged piece: count}, not a list of the merged pieces":
+            lambda pieces, pair, new_id: list(_merge_pieces(pieces, pair, new_id)),
     },
 )
 
@@ -446,11 +595,42 @@ def _pieces_never_merged(pieces, num_merges):
     return _training(pieces, num_merges, merge=lambda piece, pair, new_id, c: {piece: c})
 
 
+def _first_different_merge(expected, got) -> str | None:
+    """Where a merge table first differs from the expected one, in words, or None."""
+    if not isinstance(got, (list, tuple)) or not expected or not got:
+        return None
+    for k, (want, have) in enumerate(zip(expected, got)):
+        try:
+            same = bool(have == want)
+        except Exception:  # e.g. an array, which has no single truth value
+            same = False
+        if not same:
+            return f"merge {k + 1} differs, expected {show(want)} but got {show(have)}"
+    k = min(len(expected), len(got))
+    if len(got) < len(expected):
+        return f"the first {k} merges agree, then {show(expected[k])} is missing"
+    if len(got) > len(expected):
+        return f"the first {k} merges agree, then yours goes on with {show(got[k])}"
+    return None
+
+
+class _MergeTableChecker(Checker):
+    """A :class:`Checker` that names the first merge where a wrong table differs, so that
+    the learner need not compare two long lists."""
+
+    def _with_hint(self, message, args, *, got=None, error=None):
+        if error is None:
+            where = _first_different_merge(self.reference(*copy.deepcopy(args)), got)
+            if where is not None:
+                message = f"{message}: {where}"
+        return super()._with_hint(message, args, got=got, error=error)
+
+
 # The case with room for more merges than the pieces allow comes first: there an answer that
 # makes one merge too few or too many is still right, so only a real mistake of counting or
 # choosing fails it. In the first case every pair occurs at least twice, so choosing the least
 # frequent pair still merges something.
-check_train_piece_merges = Checker(
+check_train_piece_merges = _MergeTableChecker(
     reference=_train_piece_merges,
     cases=[(_WORDS, 20),
            (_WORDS, 5),
@@ -468,6 +648,17 @@ check_train_piece_merges = Checker(
         "one merge too many: new_id runs over range(256, 256 + num_merges), which makes at "
         "most num_merges merges":
             lambda pieces, n: _training(pieces, n, extra=1),
+        # before the least frequent pair: on aaabdaaabac, (a, a) counted once per piece
+        # loses its tie with (a, b) and then no pair occurs twice
+        "a piece can hold a pair more than once: a a a holds (a, a) twice, at positions 0 "
+        "and 1. Count the pair that starts at every position (your my_count_piece_pairs "
+        "does), not each different pair once per piece":
+            lambda pieces, n: _training(pieces, n, count=_per_piece(
+                lambda piece: dict.fromkeys(set(zip(piece, piece[1:])), 1))),
+        "a pair seen for the first time occurs count times too, not once: "
+        "counts[pair] = counts.get(pair, 0) + count, also for a new pair (your "
+        "my_count_piece_pairs does)":
+            lambda pieces, n: _training(pieces, n, count=_first_sighting_once),
         "choose the most frequent pair, not the least frequent: min() finds the largest "
         "count when the count is negated, min(counts, key=lambda p: (-counts[p], p))":
             lambda pieces, n: _training(pieces, n, choose=lambda c: min(c, key=c.get)),
@@ -479,14 +670,13 @@ check_train_piece_merges = Checker(
         "pairs never cross from one piece into the next: count and merge inside each "
         "piece, each weighted by its count, instead of joining the pieces into one list":
             _joined_training,
-        "keep each piece's count when you merge it: the merged piece occurs as often as "
-        "before, {tuple(merge_pair(piece, pair, new_id)): count for piece, count in "
-        "pieces.items()}":
+        "keep each piece's count when you merge it (your my_merge_pieces does): the "
+        "merged piece occurs as often as the piece did, {merged piece: count}":
             lambda pieces, n: _training(
                 pieces, n, merge=lambda piece, pair, new_id, c:
                 {tuple(merge_pair(piece, pair, new_id)): 1}),
-        "a list cannot be a dict key: store each merged piece as a tuple, "
-        "tuple(merge_pair(piece, pair, new_id))":
+        "a list cannot be a dict key: store each merged piece as a tuple (your "
+        "my_merge_pieces does), tuple(merge_pair(piece, pair, new_id))":
             _pieces_as_lists,
         # counting once and choosing the smallest pair whatever its count give the same table
         "after the first merges your table goes wrong: each merge must be the most frequent "
@@ -497,7 +687,8 @@ check_train_piece_merges = Checker(
             _counted_once,
         # counts never updated and pieces never merged give the same table
         "the same pair comes back every time although it no longer occurs: merge every "
-        "piece and keep the merged pieces, then count the pairs of those, inside the loop":
+        "piece and keep the merged pieces, pieces = my_merge_pieces(pieces, pair, new_id), "
+        "then count the pairs of those, inside the loop":
             _pieces_never_merged,
         "ties go to the smallest pair (first id, then second id), whereas "
         "Counter.most_common and max(counts, key=counts.get) keep the pair seen first: use "
@@ -509,6 +700,17 @@ check_train_piece_merges = Checker(
         "min(counts, key=lambda p: (-counts[p], p))":
             lambda pieces, n: _training(pieces, n,
                                         choose=lambda c: max(c, key=lambda p: (c[p], p))),
+        "ties go to the smallest pair (first id, then second id), whereas "
+        "sorted(counts, key=counts.get)[-1] takes the tied pair seen last: use "
+        "min(counts, key=lambda p: (-counts[p], p))":
+            lambda pieces, n: _training(pieces, n,
+                                        choose=lambda c: sorted(c, key=c.get)[-1]),
+        "ties go to the smallest pair, compared as tuples are: by the first id, and by the "
+        "second id only when the first ids are equal. Use the pair itself in the key, "
+        "min(counts, key=lambda p: (-counts[p], p))":
+            lambda pieces, n: _training(pieces, n,
+                                        choose=lambda c: min(c, key=lambda p: (-c[p], p[1],
+                                                                               p[0]))),
         "stop when the most frequent pair occurs only once: a token for it would be used a "
         "single time, saving one token at the cost of a vocabulary entry":
             lambda pieces, n: _training(pieces, n, stop_below=0),
@@ -539,6 +741,18 @@ check_train_piece_merges = Checker(
         "not as three numbers (first, second, new_id)":
             lambda pieces, n: _training(pieces, n,
                                         record=lambda pair, new_id: (*pair, new_id)),
+        "record each merge as ((first, second), new_id), the pair first, as in "
+        "BPETokenizer.merges, not (new_id, (first, second))":
+            lambda pieces, n: _training(pieces, n, record=lambda pair, new_id: (new_id, pair)),
+        "record each merge as ((first, second), new_id): the pair alone does not say which "
+        "id it became":
+            lambda pieces, n: _training(pieces, n, record=lambda pair, new_id: pair),
+        "return the merges as a list of ((first, second), new_id) in the order they were "
+        "learned, not a dict {pair: new_id}":
+            lambda pieces, n: dict(_train_piece_merges(pieces, n)),
+        "return the merges as a list: a tuple does not compare equal to a list, even with "
+        "the same merges in it":
+            lambda pieces, n: tuple(_train_piece_merges(pieces, n)),
         "once every piece is a single id (or empty) no pair is left, and min() of no "
         "pairs fails: stop when there are none (if not counts: break)":
             lambda pieces, n: _training(pieces, n, check_empty=False),

@@ -1,7 +1,8 @@
 """Where tensors live: the CPU, or a GPU when there is one.
 
-Every chapter calls :func:`default_device` once and creates its tensors there; the package itself
-never hard-codes a device and creates new tensors on the device of their inputs.
+Chapters 1-7 call :func:`default_device` once and create their tensors there; chapters 8-12 train
+and time their models on one CPU thread, so that training repeats exactly. The package itself never
+hard-codes a device and creates new tensors on the device of their inputs.
 """
 
 from __future__ import annotations

@@ -280,6 +280,7 @@ def test_offset_with_the_batch_size_for_t(count, capsys):
     (lambda M, L, B, h, d, b: M // (2 * B * h * d * b), "num_layers times as many bytes"),
     (lambda M, L, B, h, d, b: M // (2 * L * B * d * b), "num_heads times as many bytes"),
     (lambda M, L, B, h, d, b: M // (2 * L * B * h * h * d * b), "num_heads counted twice"),
+    (lambda M, L, B, h, d, b: M // (2 * L * B * h * b), "d_head times as many bytes"),
     (lambda M, L, B, h, d, b: 2 * L * B * h * d * b, "not the bytes of one position"),
 ])
 def test_max_positions_mistakes_get_their_hint(wrong, hint, capsys):
@@ -293,3 +294,34 @@ def test_max_positions_is_zero_when_not_one_position_fits(capsys):
     assert not check_max_positions(lambda M, L, B, h, d, b: max(1, M // (2 * L * B * h * d * b)))
     assert capsys.readouterr().out.startswith(
         "✗ case 4: for input (100, 2, 1, 2, 4, 4) expected 0 but got 1")
+
+
+# Found in review (2026-11-24): mistakes that got no hint, or another mistake's.
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda L, B, h, T, d, b: 2 * L * B * h * d * b, "multiply by length"),
+    (lambda L, B, h, T, d, b: 2 * L * B * h * T * d * b / 8, "do not divide by 8"),
+    (lambda L, B, h, T, d, b: 2 * L * B * h * T * d * b / 2 ** 20, "turn it into MiB"),
+])
+def test_bytes_mistakes_found_in_review(wrong, hint, capsys):
+    assert not check_cache_bytes(wrong)
+    out = capsys.readouterr().out
+    assert "Hint: " in out and hint in out.split("Hint: ", 1)[1]
+
+
+def test_max_positions_without_d_head_is_not_told_about_bytes(capsys):
+    # case 2 had d_head == bytes_per_number == 4, so leaving out d_head got the bytes hint
+    assert not check_max_positions(lambda M, L, B, h, d, b: M // (2 * L * B * h * b))
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2:")
+    assert "bytes_per_number" not in out.split("Hint: ", 1)[1]
+
+
+@pytest.mark.parametrize("checker", [check_cache_bytes, check_max_positions])
+def test_every_mistake_answers_case_2_differently(checker):
+    # the checkers' comments promise it: whichever mistake a learner makes, the first case
+    # that tells mistakes apart names that one
+    args = checker.cases[1]
+    answers = [round(float(wrong(*args)), 9) for wrong in checker.mistakes.values()]
+    reference = round(float(checker.reference(*args)), 9)
+    distinct = [a for a in answers if a != reference]
+    assert len(set(distinct)) == len(distinct), dict(zip(checker.mistakes, answers))

@@ -153,7 +153,8 @@ def _cache_bytes(num_layers: int, batch: int, num_heads: int, length: int, d_hea
 def _without(factor: str):
     """The formula with one of its factors left out."""
     def wrong(L, B, h, T, d, b):
-        return _cache_bytes(L, B, h, T, d, b) // {"L": L, "B": B, "h": h, "d": d, "b": b}[factor]
+        return (_cache_bytes(L, B, h, T, d, b)
+                // {"L": L, "B": B, "h": h, "T": T, "d": d, "b": b}[factor])
     return wrong
 
 
@@ -173,8 +174,13 @@ check_cache_bytes = Checker(
         "float16)": _without("b"),
         "bytes_per_number already counts bytes (4 for float32): no factor 8, that would "
         "be bits": lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) * 8,
+        "bytes_per_number already counts bytes: do not divide by 8":
+            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) / 8,
         "return the number of bytes; turn it into gigabytes only when you print it":
             lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) / 1e9,   # or / 2**30
+        "return the number of bytes; turn it into MiB (2**20 bytes) only when you print it":
+            lambda L, B, h, T, d, b: _cache_bytes(L, B, h, T, d, b) / 2**20,
+        "every position has its own key and value: multiply by length": _without("T"),
         "every sequence of the batch has its own keys and values: multiply by batch":
             _without("B"),
         "every layer has its own keys and values: multiply by num_layers": _without("L"),
@@ -206,9 +212,10 @@ def _per_position(M, L, B, h, d, b) -> int:                         # noqa: N803
 check_max_positions = Checker(
     reference=_max_positions,
     # In cases 2 and 3 no two factors are equal and none is 2, 3 or 8, so each listed mistake
-    # gives its own answer; every memory but case 1's leaves a remainder (a quarter of a
-    # position in case 2: rounding to the nearest passes there, rounding up does not).
-    cases=[(1000, 1, 1, 1, 1, 4), (112_300, 5, 1, 7, 4, 4), (1_152_077, 5, 3, 6, 16, 4),
+    # gives its own answer (checked in the tests); every memory but case 1's leaves a remainder
+    # (a quarter of a position in case 2: rounding to the nearest passes there, rounding up
+    # does not).
+    cases=[(1000, 1, 1, 1, 1, 4), (95_200, 5, 1, 7, 16, 4), (1_152_077, 5, 3, 6, 16, 4),
            (100, 2, 1, 2, 4, 4), (16_000_000_000, 32, 4, 32, 128, 2)],
     mistakes={
         "a position either fits or it does not: divide with //, which rounds down to a whole "
@@ -235,6 +242,9 @@ check_max_positions = Checker(
         "bytes": lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) // h),
         "num_heads counted twice: the heads together are num_heads * d_head = d_model wide":
             lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) * h),
+        "each key and each value is a vector of d_head numbers: one position takes d_head "
+        "times as many bytes":
+            lambda M, L, B, h, d, b: M // (_per_position(M, L, B, h, d, b) // d),
         "return how many positions fit, memory_bytes // (bytes of one position), not the bytes "
         "of one position": _per_position,
     },

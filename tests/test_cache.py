@@ -35,12 +35,14 @@ def test_update_appends_and_returns_everything_held(max_len):
     assert cache.length(0) == 5 and cache.length(1) == 1 and cache.seq_len == 5
 
 
-def test_the_returned_tensors_are_not_aliased_to_the_input():
-    cache = KVCache(1, max_len=8)
-    key = randn(1, 2, 3, 4)
-    cache.update(0, key, key.clone())
+@pytest.mark.parametrize("max_len", [None, 8])
+def test_the_cache_keeps_copies_not_the_callers_tensors(max_len):
+    cache = KVCache(1, max_len=max_len)
+    key, value = randn(1, 2, 3, 4), randn(1, 2, 3, 4)
+    cache.update(0, key, value)
     key.zero_()
-    assert cache.keys[0][:, :, :3].abs().sum() > 0
+    value.zero_()
+    assert cache.keys[0][:, :, :3].abs().sum() > 0 and cache.values[0][:, :, :3].abs().sum() > 0
 
 
 def test_storage_is_allocated_on_the_first_update_with_max_len():
@@ -637,3 +639,25 @@ def test_seq2seq_translation_is_identical_with_and_without_the_cache(seed):
     uncached = model.translate(SRC, 19, use_cache=False)
     assert torch.equal(cached, uncached)
     assert cached.shape[1] > 2                      # it wrote something to compare
+
+
+def test_seq2seq_translation_feeds_the_decoder_one_token_a_step_through_the_cache(monkeypatch):
+    # Equal outputs alone would not show that the cache is used: translate(use_cache=True)
+    # must append every step's one new position to the decoder's self-attention cache, layer
+    # by layer, and nothing of the source (cross-attention keys and values are kept apart).
+    model, appended, caches = seq2seq(), [], []
+    update = KVCache.update
+
+    def recording_update(self, layer_idx, key, value):
+        caches.append(self)
+        appended.append((layer_idx, key.shape[2]))
+        return update(self, layer_idx, key, value)
+
+    monkeypatch.setattr(KVCache, "update", recording_update)
+    out = model.translate(SRC, 19, use_cache=True)
+    steps = out.shape[1] - 1                        # the last token written is never read
+    assert appended == [(layer, 1) for _ in range(steps) for layer in range(2)]
+    assert len(set(map(id, caches))) == 1 and caches[0].seq_len == steps
+    appended.clear()
+    model.translate(SRC, 19, use_cache=False)
+    assert appended == []

@@ -341,7 +341,7 @@ class GPT(nn.Module):
 
 
 def _init_weights(module: nn.Module) -> None:
-    """GPT-2's initialisation (Radford et al., 2019): N(0, 0.02) weights, zero biases."""
+    """N(0, 0.02) weights, zero biases: as GPT-1 (Radford et al., 2018) and GPT-2 start."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
         if getattr(module, "bias", None) is not None:

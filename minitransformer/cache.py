@@ -80,8 +80,8 @@ class KVCache:
         length, end = self._lengths[layer_idx], self._lengths[layer_idx] + key.shape[2]
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self.max_len is None:
-            if keys is None:                  # a copy, as with max_len: the caller's tensors
-                key, value = key.clone(), value.clone()         # may change later
+            if keys is None:  # keep a copy, as with max_len: the caller may change its tensors
+                key, value = key.clone(), value.clone()
             else:
                 key = torch.cat([keys, key], dim=2)               # (B, h, T_old + T_new, d)
                 value = torch.cat([values, value], dim=2)

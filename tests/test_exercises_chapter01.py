@@ -98,14 +98,16 @@ def test_hints_are_unambiguous_on_the_first_case():
 
 # --- one_hot_matrix ------------------------------------------------------------------------
 
-FIND_MY_FILES = ("for input ([1, 2, 0], 3) "
-                 "expected [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]")
+FIRST_ONE_HOT = ("for input ([0, 0, 3], 4) "
+                 "expected [[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]")
 
 
 def test_one_hot_transposed(capsys):
     assert not check_one_hot_matrix(lambda ids, size: one_hot_matrix(ids, size).T)
     assert capsys.readouterr().out == (
-        f"✗ case 1: {FIND_MY_FILES} but got [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]. "
+        f"✗ case 1: {FIRST_ONE_HOT} but got "
+        "[[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]] "
+        "(expected shape (3, 4) but got shape (4, 3)). "
         "Hint: the matrix is transposed: it needs one row per id and one column per "
         "vocabulary word\n")
 
@@ -113,8 +115,26 @@ def test_one_hot_transposed(capsys):
 def test_one_hot_counting_from_one(capsys):
     assert not check_one_hot_matrix(lambda ids, size: np.eye(size)[np.array(ids) - 1])
     assert capsys.readouterr().out == (
-        f"✗ case 1: {FIND_MY_FILES} but got [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]. "
+        f"✗ case 1: {FIRST_ONE_HOT} but got "
+        "[[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]]. "
         "Hint: off by one: ids count from 0, so id i sets column i (not column i - 1)\n")
+
+
+def test_one_hot_row_number_instead_of_the_id(capsys):
+    """matrix[row, row] = 1 used to be told it counted from 1: on "find my files", [1, 2, 0],
+    both mistakes give the identity matrix, so case 1 is now one that tells them apart."""
+    def by_row_number(ids, size):
+        matrix = np.zeros((len(ids), size))
+        for row, i in enumerate(ids):
+            matrix[row, row] = 1.0
+        return matrix
+
+    assert not check_one_hot_matrix(by_row_number)
+    assert capsys.readouterr().out == (
+        f"✗ case 1: {FIRST_ONE_HOT} but got "
+        "[[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]. "
+        "Hint: row r has its 1 in column r, the row's own number; it belongs in the column of "
+        "the row's id, ids[r]\n")
 
 
 def test_one_hot_one_column_too_far(capsys):
@@ -127,29 +147,29 @@ def test_one_hot_one_column_too_far(capsys):
 
     assert not check_one_hot_matrix(shifted)
     assert capsys.readouterr().out == (
-        f"✗ case 1: {FIND_MY_FILES} "
-        "but got [[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]\n")
+        f"✗ case 1: {FIRST_ONE_HOT} "
+        "but got [[0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]\n")
 
 
 def test_one_hot_integer_matrix(capsys):
     assert not check_one_hot_matrix(lambda ids, size: np.eye(size, dtype=int)[ids])
     assert capsys.readouterr().out == (
-        f"✗ case 1: {FIND_MY_FILES} but got [[0, 1, 0], [0, 0, 1], [1, 0, 0]] "
+        f"✗ case 1: {FIRST_ONE_HOT} but got [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1]] "
         "(expected float values but got integer values (int64))\n")
 
 
 def test_one_hot_single_vector(capsys):
     assert not check_one_hot_matrix(lambda ids, size: np.eye(size)[ids[0]])
     assert capsys.readouterr().out == (
-        f"✗ case 1: {FIND_MY_FILES} but got [0.0, 1.0, 0.0] "
-        "(expected shape (3, 3) but got shape (3,))\n")
+        f"✗ case 1: {FIRST_ONE_HOT} but got [1.0, 0.0, 0.0, 0.0] "
+        "(expected shape (3, 4) but got shape (4,))\n")
 
 
 def test_one_hot_off_by_one_past_the_end_is_reported(capsys):
     assert not check_one_hot_matrix(lambda ids, size: np.eye(size)[np.array(ids) + 1])
     assert capsys.readouterr().out == (
-        "✗ case 1: for input ([1, 2, 0], 3) your function raised IndexError: "
-        "index 3 is out of bounds for axis 0 with size 3\n")
+        "✗ case 1: for input ([0, 0, 3], 4) your function raised IndexError: "
+        "index 4 is out of bounds for axis 0 with size 4\n")
 
 
 # --- dot_product ---------------------------------------------------------------------------

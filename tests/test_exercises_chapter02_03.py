@@ -99,6 +99,25 @@ def test_active_features(capsys):
     assert "(expected float values but got integer values (int64))" in capsys.readouterr().out
 
 
+def test_active_features_leaving_out_a_repeated_recent_word(capsys):
+    """set(prefix) - {prefix[-1]} drops (b, b) from [b, d, b]; it used to be told it had built
+    the plain second-order feature."""
+    def without_recent(prefix, vocab):
+        n = len(vocab)
+        features = np.zeros(n * n)
+        for word in set(prefix) - {prefix[-1]}:
+            features[vocab.index(word) * n + vocab.index(prefix[-1])] = 1.0
+        return features
+
+    assert not check_active_features(without_recent)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 4: for input (['b', 'd', 'b'], ")
+    assert "second-order" not in out
+    assert out.rstrip("\n").endswith(
+        "Hint: the most recent word pairs with itself too when it also appears earlier: in "
+        "[b, d, b] the words before r = b are b and d, so (b, b) is active as well as (d, b)")
+
+
 def test_masked_votes(capsys):
     assert check_masked_votes(lambda f, m, t: (f * m) @ t)
     assert capsys.readouterr().out == "✓ all 5 checks passed\n"

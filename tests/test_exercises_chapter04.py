@@ -62,6 +62,45 @@ def test_attend_hints(wrong, hint, capsys):
     assert out.startswith("✗ case ") and hint in out.split("Hint: ", 1)[1]
 
 
+def test_attend_seen_times_the_mask_matrix_gets_its_own_hint(capsys):
+    """seen @ masks used to match the mask of "ran" on a table with one non-zero row, and got
+    the hint for returning the whole mask; the chapter's table (every word attends to itself)
+    tells the two apart."""
+    assert not check_attend(lambda masks, seen, recent: seen @ masks)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: ")
+    assert "that is the whole mask" not in out
+    assert out.rstrip("\n").endswith(
+        "Hint: seen @ masks adds up the masks of every word seen so far; the one-hot vector of "
+        "the most recent word picks its mask alone (one_hot @ masks), and that mask then "
+        "multiplies seen element by element")
+
+
+def test_attend_cases_use_the_chapters_mask_matrix():
+    from minitransformer.exercises.chapter04 import _VOCAB, _chapter_masks
+
+    masks = _chapter_masks()
+    ran = _VOCAB.index("ran")
+    expected = torch.eye(len(_VOCAB))
+    expected[ran, _VOCAB.encode(["battery", "program"])] = 1.0
+    assert torch.equal(masks, expected)
+
+
+def test_feature_weights_bias_fixed_at_minus_one(capsys):
+    # the chapter's two features had two present words each, so a bias of -1
+    def bias_minus_one(present, absent, vocab_size):
+        row = feature_weights(present, absent, vocab_size)
+        row[-1] = -1.0
+        return row
+
+    assert not check_feature_weights(bias_minus_one)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 3: for input ([0, 2, 3], [], 5) ")
+    assert out.rstrip("\n").endswith(
+        "Hint: the bias is not always -1: the chapter's features had two present words, so "
+        "1 - 2 = -1; in general it is 1 - len(present)")
+
+
 def test_feature_weights_hints(capsys):
     def bias_minus_count(present, absent, vocab_size):
         row = feature_weights(present, absent, vocab_size)
@@ -89,6 +128,16 @@ def test_feature_weights_hints(capsys):
 def test_feed_forward_hints(wrong, hint, capsys):
     assert not check_feed_forward(wrong)
     assert hint in capsys.readouterr().out.split("Hint: ", 1)[1]
+
+
+def test_feed_forward_without_b2_gets_the_missing_bias_hint(capsys):
+    # the chapter's b2 is 0: the random weights of case 4 are the first to show it
+    assert not check_feed_forward(lambda x, w1, b1, w2, b2: torch.relu(x @ w1 + b1) @ w2)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 4: ")
+    assert out.rstrip("\n").endswith(
+        "Hint: a bias is missing: the output is relu(x @ w1 + b1) @ w2 + b2, with b2 added at "
+        "the end")
 
 
 def test_feed_forward_transposed_weights_are_reported(capsys):

@@ -122,3 +122,25 @@ def test_a_global_maximum_fails_on_rows_far_apart(capsys):
     out = capsys.readouterr().out
     assert out.startswith("✗ case 5: for input ([[1000.0, 1001.0, 999.0], [-1.0, 0.0, 1.0]],)")
     assert "overflows" not in out and "each row's own largest score" in out
+
+
+def test_subtracting_each_rows_minimum_overflows_on_scores_far_apart(capsys):
+    """Shifting by the row minimum keeps every case with scores close together finite; the
+    last case has scores 100 apart, where exp(100) overflows float32 to inf."""
+    def min_shifted(scores):
+        exps = torch.exp(scores - scores.min(dim=-1, keepdim=True).values)
+        return exps / exps.sum(dim=-1, keepdim=True)
+
+    assert not check_softmax(min_shifted)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 6: for input ([0.0, 100.0, 50.0],) expected [0.0, 1.0, 0.0] "
+                          "but got [0.0, nan, 0.0]")
+    assert out.rstrip("\n").endswith(
+        "Hint: subtract each row's largest score, not its smallest: shifted by the smallest, the "
+        "other scores stay large and positive, and exp of a large positive number overflows "
+        "to inf (inf / inf is NaN)")
+
+
+def test_softmax_has_six_cases():
+    # chapter 5's notebook prints this count; re-execute it when it changes
+    assert len(check_softmax.cases) == 6

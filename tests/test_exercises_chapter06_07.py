@@ -186,3 +186,11 @@ def test_count_parameters_without_biases(capsys):
     assert capsys.readouterr().out == (
         "✗ case 1: for input (512, 8, True) expected 1050624 but got 1048576. "
         "Hint: with bias=True each of the four projections also has d_model biases\n")
+
+
+def test_count_parameters_counting_biases_even_without_them(capsys):
+    assert not check_count_parameters(lambda d, h, bias: 4 * d * d + 4 * d)
+    assert capsys.readouterr().out == (
+        "✗ case 2: for input (64, 4, False) expected 16384 but got 16640. "
+        "Hint: with bias=False the projections have no biases: only the four d_model x d_model "
+        "weight matrices count\n")

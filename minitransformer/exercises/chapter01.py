@@ -38,13 +38,21 @@ def _one_hot_one_based(ids, size):
     return np.eye(size)[np.asarray(ids) - 1]
 
 
+def _one_hot_row_number(ids, size):
+    # The learner writes matrix[row, row] = 1: the row's number instead of its id.
+    return np.eye(len(ids), size)
+
+
 check_one_hot_matrix = Checker(
     reference=_one_hot_matrix,
     cases=[
+        # First a case that tells every listed mistake apart. On "find my files" ([1, 2, 0], 3)
+        # the ids shifted down by one are [0, 1, 2], so counting from 1 and using the row's
+        # number both give the identity matrix there.
+        ([0, 0, 3], 4),              # a repeated word gets the same row twice
         ([1, 2, 0], 3),              # "find my files" with the vocabulary [files, find, my]
         ([6, 2, 3, 1, 5], 7),        # "show me my files please"
         ([1, 2], 4),
-        ([0, 0, 3], 4),              # a repeated word gets the same row twice
         ([4], 5),
     ],
     # A 1 one column too far right (column i + 1) raises IndexError on case 1, which the checker
@@ -54,6 +62,8 @@ check_one_hot_matrix = Checker(
             _one_hot_transposed,
         "off by one: ids count from 0, so id i sets column i (not column i - 1)":
             _one_hot_one_based,
+        "row r has its 1 in column r, the row's own number; it belongs in the column of the "
+        "row's id, ids[r]": _one_hot_row_number,
     },
 )
 

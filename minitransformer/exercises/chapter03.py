@@ -61,6 +61,16 @@ def _recent_first(prefix, vocab):
     return active
 
 
+def _without_recent(prefix, vocab):
+    # the most recent word is left out of the earlier words even when it also occurred earlier
+    n = len(vocab)
+    active = np.zeros(n * n)
+    recent = vocab.index(prefix[-1])
+    for word in set(prefix) - {prefix[-1]}:
+        active[vocab.index(word) * n + recent] = 1.0
+    return active
+
+
 def _previous_only(prefix, vocab):
     n = len(vocab)
     active = np.zeros(n * n)
@@ -84,6 +94,10 @@ check_active_features = Checker(
             _counts_repeats,
         "the pair is in the wrong order: (earlier w, recent r) owns row w * N + r":
             _recent_first,
+        # Before _previous_only: on ["b", "d", "b"] both give the single feature (d, b).
+        "the most recent word pairs with itself too when it also appears earlier: in "
+        "[b, d, b] the words before r = b are b and d, so (b, b) is active as well as (d, b)":
+            _without_recent,
         "that is the plain second-order feature (previous word only); every earlier word "
         "should pair with the most recent one": _previous_only,
     },

@@ -49,8 +49,11 @@ def _random_cases(seed: int, count: int, n: int) -> list[tuple]:
 # --- attend(masks, seen, recent) -> (N,) float tensor ---------------------------------------
 
 def _chapter_masks() -> Tensor:
-    masks = torch.zeros(_N, _N)
-    masks[_VOCAB.index("ran"), _VOCAB.encode(["battery", "program", "ran"])] = 1.0
+    # The chapter's mask matrix: every word attends to itself, and "ran" also to battery and
+    # program. With more than one non-zero row, seen @ masks (the masks of all seen words added
+    # up) differs from the mask of the most recent word alone.
+    masks = torch.eye(_N)
+    masks[_VOCAB.index("ran"), _VOCAB.encode(["battery", "program"])] = 1.0
     return masks
 
 
@@ -86,6 +89,9 @@ check_attend = Checker(
             lambda masks, seen, recent: seen * masks[:, recent],
         "a mask is applied by multiplying, not by adding":
             lambda masks, seen, recent: seen + masks[recent],
+        "seen @ masks adds up the masks of every word seen so far; the one-hot vector of the "
+        "most recent word picks its mask alone (one_hot @ masks), and that mask then multiplies "
+        "seen element by element": lambda masks, seen, recent: seen @ masks,
         "your one-hot vector is float64 (numpy's default, kept by torch.tensor) and masks is "
         "float32; torch multiplies only equal dtypes. Build it as "
         "torch.zeros(len(masks), dtype=masks.dtype), or convert it with "
@@ -119,6 +125,13 @@ def _absent_ignored(present, absent, vocab_size):
     return row
 
 
+def _bias_minus_one(present, absent, vocab_size):
+    # the chapter's example had two present words, so its bias was 1 - 2 = -1
+    row = _feature_weights(present, absent, vocab_size)
+    row[-1] = -1.0
+    return row
+
+
 def _no_bias(present, absent, vocab_size):
     row = _feature_weights(present, absent, vocab_size)
     row[-1] = 0.0
@@ -139,6 +152,8 @@ check_feature_weights = Checker(
         "a word that must be absent needs weight -1, so that its presence pulls the sum below 1":
             _absent_ignored,
         "the last entry is the bias: 1 - (number of present words)": _no_bias,
+        "the bias is not always -1: the chapter's features had two present words, so 1 - 2 = -1; "
+        "in general it is 1 - len(present)": _bias_minus_one,
     },
 )
 
@@ -188,7 +203,10 @@ check_feed_forward = Checker(
             lambda x, w1, b1, w2, b2: torch.relu((x @ w1 + b1) @ w2 + b2),
         "you used w1.T: with x of shape (..., d_model), x @ w1 needs w1 of shape (d_model, d_ff)":
             lambda x, w1, b1, w2, b2: torch.relu(x @ w1.T + b1) @ w2 + b2,
-        "a bias is missing: the features are relu(x @ w1 + b1), the output adds b2":
+        "a bias is missing: the features are relu(x @ w1 + b1), with b1 inside the ReLU":
             lambda x, w1, b1, w2, b2: torch.relu(x @ w1) @ w2 + b2,
+        # The chapter's b2 is 0, so a missing b2 shows only on the random weights (case 4).
+        "a bias is missing: the output is relu(x @ w1 + b1) @ w2 + b2, with b2 added at the end":
+            lambda x, w1, b1, w2, b2: torch.relu(x @ w1 + b1) @ w2,
     },
 )

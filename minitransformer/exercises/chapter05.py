@@ -66,11 +66,18 @@ def _scores_cases() -> list[tuple]:
         (torch.randn(3, 5, generator=generator) * 3,),
         # rows far apart: subtracting the largest score of the whole tensor leaves 0 / 0 in row 2
         (torch.tensor([[1000.0, 1001.0, 999.0], [-1.0, 0.0, 1.0]]),),
+        # scores 100 apart: shifted by the smallest score, exp(100) overflows float32 to inf
+        (torch.tensor([0.0, 100.0, 50.0]),),
     ]
 
 
 def _global_max(scores: Tensor) -> Tensor:
     exps = torch.exp(scores - scores.max())
+    return exps / exps.sum(dim=-1, keepdim=True)
+
+
+def _min_shifted(scores: Tensor) -> Tensor:
+    exps = torch.exp(scores - scores.min(dim=-1, keepdim=True).values)
     return exps / exps.sum(dim=-1, keepdim=True)
 
 
@@ -96,6 +103,9 @@ check_softmax = _SoftmaxChecker(
         "sum(dim=-1, keepdim=True), so that every row adds up to 1":
             lambda scores: (lambda e: e / e.sum())(
                 torch.exp(scores - scores.max(dim=-1, keepdim=True).values)),
+        "subtract each row's largest score, not its smallest: shifted by the smallest, the "
+        "other scores stay large and positive, and exp of a large positive number overflows "
+        "to inf (inf / inf is NaN)": _min_shifted,
         "without keepdim=True the row maxima and sums have shape (rows,), which does not line up "
         "with scores of shape (rows, N); use max(dim=-1, keepdim=True) and "
         "sum(dim=-1, keepdim=True)": _without_keepdim,

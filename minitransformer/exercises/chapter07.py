@@ -101,5 +101,8 @@ check_count_parameters = Checker(
             lambda d, h, bias: 3 * d * d + (3 * d if bias else 0),
         "with bias=True each of the four projections also has d_model biases":
             lambda d, h, bias: 4 * d * d,
+        "with bias=False the projections have no biases: only the four d_model x d_model "
+        "weight matrices count":
+            lambda d, h, bias: 4 * d * d + 4 * d,
     },
 )

@@ -2,6 +2,8 @@
 
 For every book/*.ipynb:
 - code lines are at most 79 characters (the book's column at 1280 px; no sideways scrolling);
+- figures are at most as wide as that column, 688 px: a wider PNG is shrunk to fit, and its
+  labels with it;
 - solution code cells (between a markdown ``{solution-start}`` and ``{solution-end}``) carry
   ``"jupyter": {"source_hidden": true}``, so JupyterLab folds them until the learner opens them;
 - no code cell of an exercise (its stub, checker call or solution) binds a public name of
@@ -19,6 +21,7 @@ Each failure names the notebook's cell (its index in the file, as nbformat count
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import re
 from pathlib import Path
@@ -30,6 +33,7 @@ import minitransformer
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 MAX_LINE = 79
+COLUMN_PX = 688  # the main column at a 1280 px window, where MAX_LINE characters of code fit
 PUBLIC = frozenset(minitransformer.__all__)
 # sphinx-exercise markers, in MyST backtick or colon fences: ```{exercise} ... / :::{solution-start}
 MARKER = re.compile(r"^\s*(?:`{3,}|:{3,})\{(exercise|exercise-start|exercise-end|solution|"
@@ -190,6 +194,30 @@ def test_output_lines_fit_the_column(notebook):
                           "characters:\n" + "\n".join(too_long))
 
 
+def _png_size(data: str) -> tuple[int, int]:
+    """Width and height of a base64 PNG, read from its header (the IHDR chunk)."""
+    header = base64.b64decode(data[:64])
+    if header[:8] != b"\x89PNG\r\n\x1a\n" or header[12:16] != b"IHDR":
+        raise ValueError("not a PNG")
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_figures_fit_the_column(notebook):
+    """The book's column is 688 px wide at 1280 px: a wider figure is shrunk to fit, and text
+    drawn at a readable size comes out too small (a 9-inch figure's 10-point labels at 76%)."""
+    too_wide = [
+        f"cell {index}: {width} px wide"
+        for index, cell, _, _ in _code_cells(notebook)
+        for output in cell.get("outputs", [])
+        if "image/png" in output.get("data", {})
+        for width, _ in [_png_size(output["data"]["image/png"])]
+        if width > COLUMN_PX
+    ]
+    assert not too_wide, (f"{notebook.name}: {len(too_wide)} figures wider than the {COLUMN_PX} px "
+                          "column (make figsize at most 6.88 inches wide at 100 dpi):\n"
+                          + "\n".join(too_wide))
+
+
 def test_solution_cells_are_folded_in_jupyterlab(notebook):
     solutions = [(index, cell) for index, cell, _, in_solution in _code_cells(notebook) if in_solution]
     unfolded = [f"cell {index}: {_first_line(cell)}" for index, cell in solutions
@@ -283,6 +311,9 @@ def test_the_rules_catch_what_they_claim():
                      "        pass\ndef f():\n    one_hot = 1\n")
     assert sorted(name for name, _ in _top_level_bindings(tree)) == ["f", "heatmap", "np",
                                                                      "padding_mask", "tokenize"]
+    png = b"\x89PNG\r\n\x1a\n" + bytes([0, 0, 0, 13]) + b"IHDR" + (700).to_bytes(4, "big") + \
+        (300).to_bytes(4, "big") + bytes(8)
+    assert _png_size(base64.b64encode(png).decode()) == (700, 300)
     text = ("See [chapter 7](07_x.ipynb), [the notation](notation.md#symbols), "
             "[PyTorch](https://pytorch.org) and [above](#masks).")
     assert [m.group(1) for m in LINK.finditer(text)] == ["07_x.ipynb", "notation.md#symbols",

@@ -63,12 +63,8 @@ def _recent_first(prefix, vocab):
 
 def _without_recent(prefix, vocab):
     # the most recent word is left out of the earlier words even when it also occurred earlier
-    n = len(vocab)
-    active = np.zeros(n * n)
-    recent = vocab.index(prefix[-1])
-    for word in set(prefix) - {prefix[-1]}:
-        active[vocab.index(word) * n + recent] = 1.0
-    return active
+    earlier = [word for word in prefix[:-1] if word != prefix[-1]]
+    return _active_features(earlier + [prefix[-1]], vocab)
 
 
 def _previous_only(prefix, vocab):

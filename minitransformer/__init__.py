@@ -13,7 +13,7 @@ from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.cache import KVCache
 from minitransformer.device import default_device
 from minitransformer.functional import layer_norm, softmax
-from minitransformer.generate import beam_search, generate, sample_next
+from minitransformer.generation import beam_search, generate, sample_next
 from minitransformer.gpt import GPT, GPTConfig
 from minitransformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm
 from minitransformer.markov import SkipModel, second_order_matrix, transition_matrix, walk_chain
@@ -27,7 +27,7 @@ from minitransformer.plot import (
 )
 from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig, exact_match
-from minitransformer.train import evaluate, train
+from minitransformer.training import evaluate, train
 from minitransformer.vocab import Vocabulary, one_hot, tokenize
 
 __all__ = [

@@ -198,7 +198,7 @@ class GPT(nn.Module):
         """``forward(idx, kv_cache=kv_cache)[0]``, the same numbers bit for bit, through the
         speed path of chapter 11: ``self.make_decode_step()(idx, kv_cache)``. A loop of steps
         should make the step function once and call it, as
-        :func:`~minitransformer.generate.generate` does."""
+        :func:`~minitransformer.generation.generate` does."""
         return self.make_decode_step()(idx, kv_cache)
 
     def make_decode_step(self) -> Callable[[Tensor, KVCache], Tensor]:
@@ -211,7 +211,7 @@ class GPT(nn.Module):
         forward pass's operations in the same order, on the same weights, but looks the
         weights up once, here, instead of through every block's sub-modules at every token,
         and calls PyTorch's functions instead of the blocks' methods.
-        :func:`~minitransformer.generate.generate` makes one step function per call, after
+        :func:`~minitransformer.generation.generate` makes one step function per call, after
         checking its arguments once.
 
         The shortcut knows the GPT as this class builds it. A model changed in a way it cannot

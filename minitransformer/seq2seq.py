@@ -12,7 +12,7 @@ Both stacks are chapter 8's pre-norm blocks; weights start as in chapter 9 (GPT-
 * :func:`exact_match` -- the share of translations that are exactly right.
 
 Beam search, the alternative to greedy decoding, is
-:func:`minitransformer.generate.beam_search`.
+:func:`minitransformer.generation.beam_search`.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class SourceMemory:
 
     def repeat_interleave(self, repeats: int) -> SourceMemory:
         """Each sentence ``repeats`` times in a row (one copy per beam of
-        :func:`~minitransformer.generate.beam_search`)."""
+        :func:`~minitransformer.generation.beam_search`)."""
         kv = None if self.keys_values is None else [
             (k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0))
             for k, v in self.keys_values]

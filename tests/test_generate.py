@@ -1,4 +1,4 @@
-"""sample_next (minitransformer.generate): greedy, temperature and top-k choice, chapter 5."""
+"""sample_next (minitransformer.generation): greedy, temperature and top-k choice, chapter 5."""
 
 import pytest
 import torch
@@ -120,7 +120,7 @@ def test_stays_on_the_logits_device_and_accepts_float64():
 
 # --- generate (chapter 9) -------------------------------------------------------------------
 
-from minitransformer.generate import generate  # noqa: E402
+from minitransformer.generation import generate  # noqa: E402
 from minitransformer.gpt import GPT, GPTConfig  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from minitransformer import data
 from minitransformer.cache import KVCache
-from minitransformer.generate import beam_search
+from minitransformer.generation import beam_search
 from minitransformer.masks import causal_mask, padding_mask
 from minitransformer.seq2seq import (
     Seq2Seq,
@@ -19,7 +19,7 @@ from minitransformer.seq2seq import (
     exact_match,
     strip_special,
 )
-from minitransformer.train import train
+from minitransformer.training import train
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -1,4 +1,4 @@
-"""The training loop, evaluation, saving and loading (minitransformer.train, chapter 9)."""
+"""The training loop, evaluation, saving and loading (minitransformer.training, chapter 9)."""
 
 import importlib
 import math
@@ -9,7 +9,7 @@ import torch
 from minitransformer import Vocabulary
 from minitransformer.data import EOS, command_splits, random_batches, token_stream, window_batches
 from minitransformer.gpt import GPT, GPTConfig
-from minitransformer.train import (
+from minitransformer.training import (
     TrainingHistory,
     evaluate,
     learning_rate,
@@ -176,8 +176,7 @@ def test_loading_into_another_config_names_the_mismatched_shapes(tmp_path):
 
 
 def test_the_gradient_is_clipped_before_each_step(monkeypatch):
-    # the package exports a function named train, which hides the module of that name
-    module = importlib.import_module("minitransformer.train")
+    module = importlib.import_module("minitransformer.training")
     norms = []
     make_optimizer = module._optimizer
 

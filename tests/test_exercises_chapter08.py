@@ -188,12 +188,50 @@ def test_layer_norm_scale_and_shift_mistakes(answer, hint, capsys):
     assert out.endswith(f"Hint: {hint}\n")
 
 
-def test_layer_norm_over_the_whole_tensor_gets_no_hint(capsys):
+WHOLE_TENSOR_HINT = ("Hint: one mean and one variance for the whole tensor (x.mean() and "
+                     "x.var() without dim) mix the numbers of every vector: each vector gets "
+                     "its own, over its d_model features, x.mean(dim=-1, keepdim=True)")
+
+
+def test_layer_norm_over_the_whole_tensor(capsys):
+    # learner review (issue 25): this got no hint
     def whole(x, weight, bias, eps):
-        return (x - x.mean()) / torch.sqrt(x.var(correction=0) + eps) * weight + bias
+        mean = x.mean()
+        variance = ((x - mean) ** 2).mean()
+        return (x - mean) / torch.sqrt(variance + eps) * weight + bias
 
     assert not check_layer_norm(whole)
-    assert "Hint:" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1:")
+    assert out.endswith(WHOLE_TENSOR_HINT + "\n")
+
+
+def test_layer_norm_over_the_whole_tensor_with_x_var(capsys):
+    # x.var() without dim also divides by n - 1: the hint names both fixes
+    def whole(x, weight, bias, eps):
+        return (x - x.mean()) / torch.sqrt(x.var() + eps) * weight + bias
+
+    assert not check_layer_norm(whole)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1:")
+    assert out.endswith(WHOLE_TENSOR_HINT + ", and a variance that divides by d_model, "
+                        "x.var(dim=-1, keepdim=True, correction=0)\n")
+
+
+def test_layer_norm_with_weight_and_bias_swapped(capsys):
+    # learner review (issue 25): this got no hint
+    def swapped(x, weight, bias, eps):
+        mean = x.mean(dim=-1, keepdim=True)
+        variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+        return (x - mean) / torch.sqrt(variance + eps) * bias + weight
+
+    assert not check_layer_norm(swapped)
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input ([[1.0, 2.0, 3.0, 6.0], [-2.0, 0.0, 0.0, 2.0]], "
+        "[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0], 1e-05) expected "
+        "[[-1.069, -0.5345, 0.0, 1.6036], [-1.4142, 0.0, 0.0, 1.4142]] but got "
+        "[[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]. Hint: weight and bias are swapped: "
+        "multiply by weight, the scale, and add bias, the shift: normalized * weight + bias\n")
 
 
 def test_residual_without_the_skip(capsys):
@@ -316,10 +354,55 @@ def test_count_that_assumes_d_ff_is_4_d_model(capsys):
     assert out.endswith("Hint: use the d_ff you are given; it need not be 4 * d_model\n")
 
 
-def test_count_without_any_bias_gets_no_misleading_hint(capsys):
-    assert not check_count_block_parameters(lambda d, h, f: 4 * d * d + 2 * d * f + 4 * d)
+LINEAR_BIASES_HINT = ("every linear layer of the block has a bias: d_model for each of the "
+                      "four attention projections, d_ff for linear1 and d_model for linear2")
+
+
+def test_count_without_the_biases_of_the_linear_layers(capsys):
+    # learner review (issue 25): 3,147,776 got no hint; chapter 9's words for the same slip
+    def no_biases(d_model, num_heads, d_ff):
+        attention = 4 * d_model * d_model
+        feed_forward = 2 * d_model * d_ff
+        norms = 2 * 2 * d_model
+        return attention + feed_forward + norms
+
+    assert not check_count_block_parameters(no_biases)
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3147776. Hint: "
+        + LINEAR_BIASES_HINT + "\n")
+
+
+def test_count_without_any_bias_at_all(capsys):
+    # the norms counted with their weight only, as "no biases anywhere"
+    assert not check_count_block_parameters(lambda d, h, f: 4 * d * d + 2 * d * f + 2 * d)
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3146752. Hint: every "
+        "linear layer of the block has a bias (d_model for each of the four attention "
+        "projections, d_ff for linear1 and d_model for linear2), and each layer norm has a bias "
+        "of d_model numbers as well as its weight\n")
+
+
+@pytest.mark.parametrize("feed_forward_biases, hint", [
+    (lambda d, f: 2 * d,
+     "Hint: linear1 maps d_model to d_ff numbers, so its bias has d_ff of them (one per "
+     "output); linear2's has d_model: the feed-forward biases are d_ff + d_model, not "
+     "2 * d_model\n"),
+    (lambda d, f: 2 * f,
+     "Hint: linear2 maps d_ff back to d_model numbers, so its bias has d_model of them (one "
+     "per output); linear1's has d_ff: the feed-forward biases are d_ff + d_model, not "
+     "2 * d_ff\n"),
+], ids=["2 d_model", "2 d_ff"])
+def test_count_with_the_feed_forward_biases_of_one_width(feed_forward_biases, hint, capsys):
+    # learner review (issue 25): 2 * d_model got no hint
+    def wrong(d_model, num_heads, d_ff):
+        attention = 4 * d_model * d_model + 4 * d_model
+        feed_forward = 2 * d_model * d_ff + feed_forward_biases(d_model, d_ff)
+        return attention + feed_forward + 2 * 2 * d_model
+
+    assert not check_count_block_parameters(wrong)
     out = capsys.readouterr().out
-    assert out == "✗ case 1: for input (512, 8, 2048) expected 3152384 but got 3147776\n"
+    assert out.startswith("✗ case 1: for input (512, 8, 2048)")
+    assert out.endswith(hint)
 
 
 def test_the_formula_matches_the_package_block_for_every_case():

@@ -100,6 +100,20 @@ def _shift_then_scale(x, weight, bias, eps):
     return (_layer_norm(x, torch.ones_like(weight), torch.zeros_like(bias), eps) + bias) * weight
 
 
+def _weight_and_bias_swapped(x, weight, bias, eps):
+    return _layer_norm(x, bias, weight, eps)
+
+
+def _over_the_whole_tensor(x, weight, bias, eps):
+    mean = x.mean()                         # one number for the whole tensor
+    variance = x.var(correction=0)
+    return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+
+
+def _over_the_whole_tensor_unbiased(x, weight, bias, eps):
+    return (x - x.mean()) / torch.sqrt(x.var() + eps) * weight + bias
+
+
 check_layer_norm = Checker(
     reference=_layer_norm,
     cases=_layer_norm_cases(),
@@ -118,11 +132,20 @@ check_layer_norm = Checker(
         "in this (2, 3, 5) input it is the 3 positions, not the 5 features": _over_dimension_1,
         "layer norm averages over each vector's own features, the last dimension (dim=-1), "
         "not over the rows": _over_the_first_dimension,
+        "one mean and one variance for the whole tensor (x.mean() and x.var() without dim) "
+        "mix the numbers of every vector: each vector gets its own, over its d_model "
+        "features, x.mean(dim=-1, keepdim=True)": _over_the_whole_tensor,
+        "one mean and one variance for the whole tensor (x.mean() and x.var() without dim) "
+        "mix the numbers of every vector: each vector gets its own, over its d_model "
+        "features, x.mean(dim=-1, keepdim=True), and a variance that divides by d_model, "
+        "x.var(dim=-1, keepdim=True, correction=0)": _over_the_whole_tensor_unbiased,
         "after normalizing, multiply by weight and add bias": _without_scale_and_shift,
         "after multiplying by weight, add bias": _without_shift,
         "multiply the normalized vector by weight, then add bias": _without_scale,
         "scale first, then shift: normalized * weight + bias, not (normalized + bias) * weight":
             _shift_then_scale,
+        "weight and bias are swapped: multiply by weight, the scale, and add bias, the "
+        "shift: normalized * weight + bias": _weight_and_bias_swapped,
     },
 )
 
@@ -248,6 +271,19 @@ check_count_block_parameters = Checker(
             lambda d, h, f: _count_block_parameters(d, h, f) - f - d,
         "the feed-forward block has two matrices, d_model x d_ff and d_ff x d_model":
             lambda d, h, f: _count_block_parameters(d, h, f) - d * f,
+        "every linear layer of the block has a bias: d_model for each of the four attention "
+        "projections, d_ff for linear1 and d_model for linear2":
+            lambda d, h, f: _count_block_parameters(d, h, f) - 4 * d - f - d,
+        "every linear layer of the block has a bias (d_model for each of the four attention "
+        "projections, d_ff for linear1 and d_model for linear2), and each layer norm has a "
+        "bias of d_model numbers as well as its weight":
+            lambda d, h, f: _count_block_parameters(d, h, f) - 4 * d - f - d - 2 * d,
+        "linear1 maps d_model to d_ff numbers, so its bias has d_ff of them (one per output); "
+        "linear2's has d_model: the feed-forward biases are d_ff + d_model, not 2 * d_model":
+            lambda d, h, f: _count_block_parameters(d, h, f) - f + d,
+        "linear2 maps d_ff back to d_model numbers, so its bias has d_model of them (one per "
+        "output); linear1's has d_ff: the feed-forward biases are d_ff + d_model, not "
+        "2 * d_ff": lambda d, h, f: _count_block_parameters(d, h, f) + f - d,
         "that counts the weight matrices only (the chapter's leading terms): add the biases, "
         "4 d_model in the attention and d_ff + d_model in the feed-forward block, and the two "
         "layer norms, 2 d_model each": lambda d, h, f: 4 * d * d + 2 * d * f,

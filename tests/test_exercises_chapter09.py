@@ -175,3 +175,39 @@ def test_gather_along_the_positions_is_explained(capsys):
     assert out.endswith("Hint: gather along the vocabulary, the last dimension: "
                         "log_probs.gather(-1, targets[..., None]); dimension 1 of (B, T, N) is "
                         "the T positions, so gather(1, ...) uses the word ids as positions\n")
+
+
+# --- mistakes found by a learner's review of chapters 8-12 (issue 25) ------------------------
+
+def test_a_loss_returned_as_a_python_float_is_refused(capsys):
+    # the exercise asks for "a tensor with one number"; the value alone passed before
+    assert not check_cross_entropy(lambda logits, targets: my_cross_entropy(logits, targets)
+                                   .item())
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input ([[[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]]], [[0, 2]]) expected a "
+        "tensor with one number but got a float, 0.2056. Hint: return the loss as a tensor, "
+        "-picked.mean(), as F.cross_entropy does: .item() and float() turn it into a Python "
+        "number, which carries no gradient, so loss.backward() could not train the model\n")
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda w: (w[:, :w.shape[1] - 2], w[:, 1:w.shape[1] - 1]),
+     "both are one token short, (B, T - 1): a slice stops before its end index, so "
+     "windows[:, :-1] keeps all but the last token and windows[:, 1:] all but the first, "
+     "T tokens each"),
+    (lambda w: (w[:, :-1], w[:, 1:-1]),
+     "the targets are one token short: they run to the end of the window, windows[:, 1:] "
+     "(a slice stops before its end, so 1:-1 drops the last token too)"),
+    (lambda w: (w[:, :-2], w[:, 1:]),
+     "the inputs are one token short: they are all but the last token, windows[:, :-1] "
+     "(a slice stops before its end, so :-2 drops two)"),
+    (lambda w: (w, w[:, 1:]),
+     "the inputs are all but the last token, windows[:, :-1]: the last token of a window "
+     "has no next token in it to be its target"),
+], ids=["both short", "targets short", "inputs short", "inputs whole"])
+def test_shift_pairs_of_the_wrong_length_are_named(wrong, hint, capsys):
+    # learner review (issue 25): a slice too short got no hint
+    assert not check_shift_pairs(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input ([[5, 1, 4, 2, 3]],)")
+    assert out.endswith(f"Hint: {hint}\n")

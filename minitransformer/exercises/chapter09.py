@@ -13,12 +13,15 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from minitransformer.data import shift_pairs
-from minitransformer.exercises import Checker
+from minitransformer.exercises import FAIL, Checker, Verdict, show, show_input
 from minitransformer.gpt import GPTConfig
 
 __all__ = ["check_cross_entropy", "check_parameter_count", "check_shift_pairs"]
@@ -42,6 +45,19 @@ check_shift_pairs = Checker(
         "the targets are the window moved one token to the left (windows[:, 1:]), not the "
         "same tokens as the inputs":
             lambda w: (w[:, :-1], w[:, :-1]),
+        "both are one token short, (B, T - 1): a slice stops before its end index, so "
+        "windows[:, :-1] keeps all but the last token and windows[:, 1:] all but the first, "
+        "T tokens each":
+            lambda w: (w[:, :-2], w[:, 1:-1]),
+        "the targets are one token short: they run to the end of the window, windows[:, 1:] "
+        "(a slice stops before its end, so 1:-1 drops the last token too)":
+            lambda w: (w[:, :-1], w[:, 1:-1]),
+        "the inputs are one token short: they are all but the last token, windows[:, :-1] "
+        "(a slice stops before its end, so :-2 drops two)":
+            lambda w: (w[:, :-2], w[:, 1:]),
+        "the inputs are all but the last token, windows[:, :-1]: the last token of a window "
+        "has no next token in it to be its target":
+            lambda w: (w, w[:, 1:]),
     },
 )
 
@@ -67,7 +83,36 @@ def _logit_cases() -> list[tuple]:
     ]
 
 
-check_cross_entropy = Checker(
+NOT_A_TENSOR_HINT = (
+    "return the loss as a tensor, -picked.mean(), as F.cross_entropy does: .item() and "
+    "float() turn it into a Python number, which carries no gradient, so loss.backward() "
+    "could not train the model")
+
+
+class _TensorChecker(Checker):
+    """A :class:`Checker` that also wants every answer to be a tensor, as the exercise asks:
+    a Python float with the right value passes the comparison of values."""
+
+    def run(self, function: Callable[..., Any]) -> Verdict:
+        answers = []
+
+        def recorded(*args: Any) -> Any:
+            answers.append(function(*args))
+            return answers[-1]
+
+        verdict = super().run(recorded if callable(function) else function)
+        if not verdict:
+            return verdict
+        for number, (args, got) in enumerate(zip(self.cases, answers), start=1):
+            if not isinstance(got, Tensor):
+                return Verdict(False, f"{FAIL} case {number}: for input "
+                               f"{show_input(args, self._names())} expected a tensor with "
+                               f"one number but got a {type(got).__name__}, {show(got)}. "
+                               f"Hint: {NOT_A_TENSOR_HINT}")
+        return verdict
+
+
+check_cross_entropy = _TensorChecker(
     reference=_cross_entropy,
     cases=_logit_cases(),
     mistakes={

@@ -4,10 +4,10 @@
 driven by Playwright (never `playwright install`: no browser is downloaded), at 1280x900, and check
 what a reader sees: typeset maths (offline), the chapters' figures, no code cell, output or display
 equation that needs sideways scrolling, solution dropdowns that open on a click and show their code,
-figure-only cells whose code is folded, and links and assets that all resolve. One browser serves
-every page, and each page is loaded once. They are skipped, with the reason shown, only where
-Chromium is absent or the book has not been built outside CI; in CI (CI=true) a missing build is a
-failure. BOOK_HTML=path tests a book built elsewhere (`jupyter-book build . --path-output DIR`
+figure-only cells whose code is folded, one search box, and links and assets that all resolve.
+One browser serves every page, and each page is loaded once. They are skipped, with the reason
+shown, only where Chromium is absent or the book has not been built outside CI; in CI (CI=true) a
+missing build is a failure. BOOK_HTML=path tests a book built elsewhere (`jupyter-book build . --path-output DIR`
 puts it in DIR/_build/html).
 """
 
@@ -171,6 +171,13 @@ WIDTHS_UNFOLDED = """() => {
     return {cells, math};
 }"""
 
+# Every way into the search the page shows: the themes' search fields and search icons (they open
+# the same dialog), and any search input outside that dialog.
+SEARCH_BOXES_SHOWN = """() => [...document.querySelectorAll(
+        '.search-button__button, input[type=search]')]
+    .filter(e => e.checkVisibility({visibilityProperty: true, opacityProperty: true}))
+    .map(e => e.className)"""
+
 _REPORTS: dict[str, dict] = {}
 
 
@@ -186,6 +193,7 @@ def _report(browser, page: str) -> dict:
                   "figures": tab.evaluate("() => [...document.querySelectorAll('img')].filter("
                                           "img => /\\.png$/i.test(img.getAttribute('src') || '')"
                                           " && img.naturalWidth > 0).length"),
+                  "search_boxes": tab.evaluate(SEARCH_BOXES_SHOWN),
                   "dropdowns": []}
         for dropdown in tab.locator("div.solution.dropdown").all():
             code = dropdown.locator("div.cell_input pre").first
@@ -227,6 +235,14 @@ def test_page_math_is_typeset_offline(browser, page):
     if has_math:
         assert report["mathjax_started"], f"{page}: has math but MathJax never started (offline?)"
         assert "<mjx-container" in report["dom"], f"{page}: has math but MathJax typeset none of it"
+
+
+@pytest.mark.parametrize("page", _book_pages())
+def test_the_page_shows_one_search_box(browser, page):
+    """pydata-sphinx-theme 0.17 adds a search field in a header bar while sphinx-book-theme keeps
+    its own in the sidebar: two boxes for one search (_config.yml keeps the header's)."""
+    shown = _report(browser, page)["search_boxes"]
+    assert len(shown) == 1, f"{page}: {len(shown)} search boxes in view at 1280 px: {shown}"
 
 
 @pytest.mark.parametrize("page", _chapter_notebooks())

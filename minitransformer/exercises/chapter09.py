@@ -6,7 +6,7 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 * :data:`check_shift_pairs` -- ``my_shift_pairs(windows)``: the ``(inputs, targets)`` pairs of
   next-token prediction.
 * :data:`check_cross_entropy` -- ``my_cross_entropy(logits, targets)``: the mean next-token loss,
-  written out.
+  written out, as a tensor.
 * :data:`check_parameter_count` -- ``my_parameter_count(config)``: a GPT's number of parameters
   from its config.
 """

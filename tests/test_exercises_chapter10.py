@@ -296,3 +296,67 @@ def test_a_width_one_short_filled_into_padding_is_explained(capsys):
     assert out.endswith("Hint: both tensors are (B, T_max + 1): the longest sentence needs "
                         "T_max + 1 places, with <bos> in front or <eos> behind, so make the "
                         "torch.full tensors max(len(words) for words in sentences) + 1 wide\n")
+
+
+# --- mistakes found by a learner's review of chapters 8-12 (issue 25) ------------------------
+
+def _padded_one_too_many(sentences, bos_id, eos_id, pad_id):
+    # width = T_max + 1, but each row padded with width - len(words): one pad_id too many
+    width = max(len(words) for words in sentences) + 1
+    tgt_in = [[bos_id, *w] + [pad_id] * (width - len(w)) for w in sentences]
+    targets = [[*w, eos_id] + [pad_id] * (width - len(w)) for w in sentences]
+    return torch.tensor(tgt_in), torch.tensor(targets)
+
+
+def _filled_one_too_wide(sentences, bos_id, eos_id, pad_id):
+    width = max(len(words) for words in sentences) + 2
+    tgt_in = torch.full((len(sentences), width), pad_id)
+    targets = torch.full((len(sentences), width), pad_id)
+    for row, words in enumerate(sentences):
+        tgt_in[row, :len(words) + 1] = torch.tensor([bos_id, *words])
+        targets[row, :len(words) + 1] = torch.tensor([*words, eos_id])
+    return tgt_in, targets
+
+
+def _eos_read_as_input(sentences, bos_id, eos_id, pad_id):
+    width = max(len(words) for words in sentences) + 2
+    tgt_in = [[bos_id, *w, eos_id] + [pad_id] * (width - 2 - len(w)) for w in sentences]
+    targets = [[*w, eos_id] + [pad_id] * (width - 1 - len(w)) for w in sentences]
+    return torch.tensor(tgt_in), torch.tensor(targets)
+
+
+def _padded_then_cut(sentences, bos_id, eos_id, pad_id):
+    # width = T_max, each row padded generously and cut to width: the longest row loses one
+    width = max(len(words) for words in sentences)
+    tgt_in = [([bos_id, *w] + [pad_id] * width)[:width] for w in sentences]
+    targets = [([*w, eos_id] + [pad_id] * width)[:width] for w in sentences]
+    return torch.tensor(tgt_in), torch.tensor(targets)
+
+
+EXTRA_COLUMN_HINT = (
+    "Hint: both tensors are (B, T_max + 1), and yours have one more column, all pad_id: <bos> "
+    "and the longest sentence fill T_max + 1 places exactly, so that row needs no padding (a "
+    "row gets width - 1 - len(words) pad_id, with width = T_max + 1)\n")
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_padded_one_too_many, EXTRA_COLUMN_HINT),
+    (_filled_one_too_wide, EXTRA_COLUMN_HINT),
+    (_eos_read_as_input,
+     "Hint: the decoder input is bos_id and the words, with no eos_id: the last word's "
+     "position is the one trained to predict eos_id, and an <eos> read as input would have "
+     "nothing after it to predict. Both tensors are (B, T_max + 1)\n"),
+    (_padded_then_cut,
+     "Hint: both tensors are (B, T_max + 1): the longest sentence needs T_max + 1 places, "
+     "with <bos> in front or <eos> behind; cut to T_max, its last word falls off tgt_in and "
+     "its eos_id off targets\n"),
+], ids=["padded one too many", "torch.full one too wide", "eos in the input",
+        "cut to T_max"])
+def test_decoder_pairs_of_the_wrong_width_are_named(wrong, hint, capsys):
+    # learner review (issue 25): an extra position, and a width too short that raises nothing,
+    # got no hint
+    assert not check_decoder_input_and_targets(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input ([[5, 6, 7]], 1, 2, 0) expected "
+                          "([[1, 5, 6, 7]], [[5, 6, 7, 2]])")
+    assert out.endswith(hint)

@@ -276,6 +276,27 @@ def _width_one_short_filled_in(sentences, bos_id, eos_id, pad_id):
     return tgt_in, targets
 
 
+def _one_column_too_many(sentences, bos_id, eos_id, pad_id):
+    tgt_in, targets = _decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+    extra = torch.full((len(sentences), 1), pad_id)
+    return torch.cat([tgt_in, extra], dim=1), torch.cat([targets, extra], dim=1)
+
+
+def _eos_in_the_input(sentences, bos_id, eos_id, pad_id):
+    width = max(len(words) for words in sentences) + 2
+    tgt_in = [[bos_id, *words, eos_id] + [pad_id] * (width - 2 - len(words))
+              for words in sentences]
+    targets = [[*words, eos_id] + [pad_id] * (width - 1 - len(words)) for words in sentences]
+    return torch.tensor(tgt_in), torch.tensor(targets)
+
+
+def _cut_to_t_max(sentences, bos_id, eos_id, pad_id):
+    """Rows padded, then cut to the longest sentence's length: its last word and its
+    <eos> fall off."""
+    tgt_in, targets = _decoder_input_and_targets(sentences, bos_id, eos_id, pad_id)
+    return tgt_in[:, :-1], targets[:, :-1]
+
+
 def _special_ids_hard_coded(sentences, bos_id, eos_id, pad_id):
     return _decoder_input_and_targets(sentences, 1, 2, 0)
 
@@ -308,6 +329,16 @@ check_decoder_input_and_targets = Checker(
         "both tensors are (B, T_max + 1): the longest sentence needs T_max + 1 places, with "
         "<bos> in front or <eos> behind, so make the torch.full tensors max(len(words) for "
         "words in sentences) + 1 wide": _width_one_short_filled_in,
+        "both tensors are (B, T_max + 1), and yours have one more column, all pad_id: <bos> "
+        "and the longest sentence fill T_max + 1 places exactly, so that row needs no "
+        "padding (a row gets width - 1 - len(words) pad_id, with width = T_max + 1)":
+            _one_column_too_many,
+        "the decoder input is bos_id and the words, with no eos_id: the last word's position "
+        "is the one trained to predict eos_id, and an <eos> read as input would have nothing "
+        "after it to predict. Both tensors are (B, T_max + 1)": _eos_in_the_input,
+        "both tensors are (B, T_max + 1): the longest sentence needs T_max + 1 places, with "
+        "<bos> in front or <eos> behind; cut to T_max, its last word falls off tgt_in and "
+        "its eos_id off targets": _cut_to_t_max,
         "use the arguments bos_id, eos_id and pad_id rather than 1, 2 and 0: this case uses 4, "
         "5 and 3": _special_ids_hard_coded,
     },

@@ -12,7 +12,7 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
   across two pieces.
 * :data:`check_merge_pieces` -- ``my_merge_pieces(pieces, pair, new_id)``: a new
   ``{piece: count}`` with every occurrence of ``pair``, scanned left to right, replaced by
-  ``new_id`` inside each piece, each piece keeping its count.
+  ``new_id`` inside each piece, each piece keeping its count; ``pieces`` must be left as it was.
 * :data:`check_train_piece_merges` -- ``my_train_piece_merges(pieces, num_merges)``: the merge
   table learned from ``{piece: count}``, as a list, ties going to the smallest pair, stopping
   when no pair occurs twice; what ``BPETokenizer.train`` does with a split pattern. A wrong
@@ -25,7 +25,7 @@ import copy
 from collections import Counter
 
 from minitransformer.bpe import apply_merges, count_pairs, merge_pair
-from minitransformer.exercises import Checker, show
+from minitransformer.exercises import FAIL, Checker, Verdict, show, show_input
 
 __all__ = ["check_count_piece_pairs", "check_decode", "check_encode", "check_merge_pieces",
            "check_train_piece_merges"]
@@ -82,6 +82,13 @@ def _word_by_word(text, merges):
     return [i for word in text.split() for i in _encode(word, merges)]
 
 
+def _scanned_from_the_right(text, merges):
+    ids = list(text.encode("utf-8"))
+    for pair, new_id in merges:
+        ids = list(_from_the_right(ids, pair, new_id))
+    return ids
+
+
 def _trains_again(text, merges):
     """Chooses the most frequent pair at every step, as training does, and ignores the
     table's pairs."""
@@ -130,6 +137,15 @@ check_encode = Checker(
             _trains_again,
         "return the ids as a list: a tuple () does not compare equal to a list []":
             lambda text, merges: tuple(_encode(text, merges)),
+        "scan from left to right, as merge_pair does: in a a a the first two a merge, "
+        "giving Z a, not a Z, so that a a a b becomes Z a b and then Z Y":
+            _scanned_from_the_right,
+        "bytes() holds only the numbers 0 to 255, and merged tokens are 256 and up: leave "
+        "the ids in the list that merge_pair returns":
+            lambda text, merges: bytes(_encode(text, merges)),
+        "text.encode('utf-8') is only the start, and it is a bytes object: make it a list "
+        "of ids, list(text.encode('utf-8')), then apply every merge of the table in turn":
+            lambda text, merges: text.encode("utf-8"),
     },
 )
 
@@ -453,10 +469,46 @@ def _changed_while_looping(pieces, pair, new_id):
     return pieces
 
 
+class _ArgumentKeepingChecker(Checker):
+    """A :class:`Checker` that also wants the learner's function to leave its first argument
+    as it was, as the exercise asks: a function that changes ``pieces`` in place and returns
+    it gives the right dict, which the comparison of values alone accepts."""
+
+    def run(self, function):
+        changed = []
+
+        def recorded(*args):
+            before = copy.deepcopy(args[0])
+            result = function(*args)
+            try:
+                same = bool(args[0] == before)
+            except Exception:  # a comparison that itself fails counts as a change
+                same = False
+            changed.append(None if same else args[0])
+            return result
+
+        verdict = super().run(recorded if callable(function) else function)
+        if not verdict:
+            return verdict
+        for number, (args, after) in enumerate(zip(self.cases, changed), start=1):
+            if after is not None:
+                return Verdict(False, f"{FAIL} case {number}: for input "
+                               f"{show_input(args, self._names())} your function returned the "
+                               f"right dict but changed pieces to {show(after)}. Hint: "
+                               f"{CHANGED_PIECES_HINT}")
+        return verdict
+
+
+CHANGED_PIECES_HINT = (
+    "leave pieces as it was: build a new dict, merged = {}, put each merged piece into it "
+    "with its count, and return that one; whoever called your function may still need the "
+    "pieces as they were before the merge")
+
+
 # Case 1 has pieces without the pair and a piece whose last id is not merged; case 2 the
 # overlaps, a a a and a a a a; case 3 a pair with a merged token, found twice in one piece
 # and reversed in another.
-check_merge_pieces = Checker(
+check_merge_pieces = _ArgumentKeepingChecker(
     reference=_merge_pieces,
     cases=[({tuple(b" low"): 5, tuple(b" lower"): 2, tuple(b" newest"): 6}, (111, 119), 256),
            ({(97, 97, 97): 3, (98, 97, 97, 97, 97): 1}, (97, 97), 256),

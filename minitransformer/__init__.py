@@ -11,6 +11,7 @@ from minitransformer.attention import (
 )
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.cache import KVCache
+from minitransformer.classifier import EncoderClassifier
 from minitransformer.device import default_device
 from minitransformer.functional import layer_norm, softmax
 from minitransformer.generation import beam_search, generate, sample_next
@@ -33,6 +34,7 @@ from minitransformer.vocab import Vocabulary, one_hot, tokenize
 __all__ = [
     "BPETokenizer",
     "DecoderLayer",
+    "EncoderClassifier",
     "EncoderLayer",
     "FeedForward",
     "GPT",

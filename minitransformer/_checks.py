@@ -121,10 +121,20 @@ def check_int_tensor(name: str, value: object, *, ndim: int | None = None) -> Te
     return value
 
 
+# what nn.Embedding takes; uint8, int8 and int16 ids are refused by name rather than failing in it
+ID_DTYPES = (torch.int64, torch.int32)
+
+
 def check_token_ids(name: str, value: object, vocab_size: int, *,
-                    max_len: int | None = None) -> Tensor:
-    """A ``(B, T)`` integer tensor of token ids in ``[0, vocab_size)``, ``T <= max_len``."""
+                    max_len: int | None = None, device: torch.device | None = None,
+                    ignore_index: int | None = None) -> Tensor:
+    """A ``(B, T)`` int64 or int32 tensor of token ids in ``[0, vocab_size)``, ``T <= max_len``,
+    on ``device`` (the model's) when given. ``ignore_index`` (a loss's "no target here", -100)
+    is allowed as well, but not everywhere."""
     check_int_tensor(name, value)
+    if value.dtype not in ID_DTYPES:
+        raise TypeError(f"{name} must hold int64 or int32 token ids, got dtype {value.dtype}: "
+                        f"convert it with {name}.long()")
     if value.ndim != 2:
         raise ValueError(f"{name} must have shape (B, T), got {shape(value)}")
     if value.shape[1] == 0:
@@ -133,12 +143,20 @@ def check_token_ids(name: str, value: object, vocab_size: int, *,
     if max_len is not None and value.shape[1] > max_len:
         raise ValueError(f"{name} has {value.shape[1]} positions, more than context_length="
                          f"{max_len}")
+    if device is not None and value.device != device:
+        raise ValueError(f"{name} is on {value.device} and the model on {device}: move it with "
+                         f"{name}.to({str(device)!r})")
     if value.numel() and value.device.type != "meta":
-        low, high = int(value.min()), int(value.max())
+        ids = value if ignore_index is None else value[value != ignore_index]
+        if ignore_index is not None and ids.numel() == 0:
+            raise ValueError(f"every position of {name} is {ignore_index} (ignored): there is "
+                             f"nothing to compute a loss on")
+        low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
+            allowed = "" if ignore_index is None else f" (or {ignore_index}: ignored)"
             raise ValueError(f"{name} holds token id {bad}, outside the vocabulary "
-                             f"[0, {vocab_size})")
+                             f"[0, {vocab_size}){allowed}")
     return value
 
 

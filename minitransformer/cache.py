@@ -104,7 +104,8 @@ class KVCache:
         """New keys and values of one shape, that fit the ones the layer holds: nothing may
         broadcast or be converted silently when they are written into the storage. Only
         comparisons of sizes: this runs in every layer at every generated token."""
-        if not (isinstance(layer_idx, int) and 0 <= layer_idx < self.num_layers):
+        if (isinstance(layer_idx, bool) or not isinstance(layer_idx, int)
+                or not 0 <= layer_idx < self.num_layers):
             raise ValueError(f"layer_idx must be an int in [0, {self.num_layers}), got "
                              f"{layer_idx!r}")
         if not isinstance(key, Tensor) or not isinstance(value, Tensor):

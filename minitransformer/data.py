@@ -384,6 +384,12 @@ def pad_sequences(sequences: Sequence[Sequence[int]], *, pad_id: int = 0,
     if isinstance(sequences, (str, Tensor)) or not sequences:
         raise ValueError("sequences must be a non-empty list of lists of token ids")
     _checks.check_int("pad_id", pad_id, low=0)
+    for i, row in enumerate(sequences):
+        if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
+            raise TypeError(f"sequences[{i}] must be a list of token ids, got "
+                            f"{type(row).__name__}")
+        for token in row:
+            _checks.check_int(f"token ids (sequences[{i}])", token, low=0)
     longest = max(len(row) for row in sequences)
     return torch.tensor([[*row, *[pad_id] * (longest - len(row))] for row in sequences],
                         dtype=torch.long, device=device or "cpu")

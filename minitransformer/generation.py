@@ -1,11 +1,13 @@
-"""Choosing the next word from the model's scores: greedy, temperature and top-k (chapter 5),
-and generating text with a language model (chapter 9).
+"""Choosing the next word from the model's scores: greedy, temperature, top-k and top-p
+(chapter 5), and generating text with a language model (chapter 9).
 
 Chapter 5 introduces :func:`sample_next`; :func:`generate` (chapter 9) calls it once per new
 token.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +23,10 @@ def sample_next(
     *,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    counts: Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Pick one token id from each row of scores.
@@ -28,30 +34,55 @@ def sample_next(
     The scores are divided by ``temperature`` and turned into probabilities with softmax; one id
     is then drawn from them. A low temperature sharpens the distribution towards the best word, a
     high one flattens it; ``temperature=0`` skips the draw and takes the best word (greedy
-    decoding). ``top_k`` first throws away every word but the ``k`` best.
+    decoding). ``top_k`` first throws away every word but the ``k`` best; ``top_p`` (nucleus
+    sampling) keeps the fewest best words whose probabilities add up to at least ``p``, as
+    transformers' ``TopPLogitsWarper`` does.
+
+    Before all that, the penalties push down words that were already written, as OpenAI's API
+    defines them: ``logits - presence_penalty * (counts > 0) - frequency_penalty * counts``.
 
     Args:
         logits: float tensor of shape ``(..., V)``, one score per vocabulary word.
         temperature: ``0`` (greedy) or a positive number.
         top_k: keep only the ``k`` highest-scoring words, ``1 <= k <= V``; ``None`` keeps all.
+        top_p: keep the smallest set of best words with total probability ``>= top_p``,
+            ``0 < top_p <= 1`` (after temperature and ``top_k``); ``None`` keeps all.
+        presence_penalty, frequency_penalty: finite numbers (negative ones favour repeats).
+        counts: ``(..., V)`` how often each word was written so far, needed by a penalty.
         generator: a seeded ``torch.Generator`` on the logits' device, for repeatable draws.
 
     Returns:
         long tensor of shape ``(...)``: the chosen ids, on the logits' device.
 
     Raises:
-        TypeError: ``logits`` is not a floating-point tensor; ``temperature`` is not a number or
-            ``top_k`` not an int.
+        TypeError: ``logits`` is not a floating-point tensor; an option of the wrong type.
         ValueError: ``logits`` without a dimension, a negative or non-finite temperature, a
-            ``top_k`` outside ``[1, V]``, or scores holding NaN or ``+inf``, or all ``-inf`` in a
-            row.
+            ``top_k`` outside ``[1, V]``, a ``top_p`` outside ``(0, 1]``, a non-finite penalty,
+            a penalty without ``counts`` or ``counts`` shaped unlike ``logits``, or scores
+            holding NaN or ``+inf``, or all ``-inf`` in a row.
     """
     _checks.check_float_tensor("logits", logits, min_ndim=1)
     vocab_size = logits.shape[-1]
-    _check_sampling(temperature, top_k, vocab_size)
+    _check_sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty, vocab_size)
     if vocab_size == 0:
         raise ValueError(f"logits have an empty vocabulary dimension, shape {tuple(logits.shape)}")
+    if presence_penalty or frequency_penalty:
+        if not isinstance(counts, Tensor) or counts.shape != logits.shape:
+            got = _checks.shape(counts) if isinstance(counts, Tensor) else type(counts).__name__
+            raise ValueError(f"a presence or frequency penalty needs counts of the logits' shape "
+                             f"{_checks.shape(logits)}, got {got}")
     _checks.check_scores(logits)  # as softmax does: no NaN or +inf, no row that is all -inf
+    return _choose(logits, temperature, top_k, top_p, presence_penalty, frequency_penalty,
+                   counts, generator)
+
+
+def _choose(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+            presence_penalty: float, frequency_penalty: float, counts: Tensor | None,
+            generator: torch.Generator | None) -> Tensor:
+    """:func:`sample_next` on checked arguments."""
+    if presence_penalty or frequency_penalty:
+        counts = counts.to(logits.dtype)
+        logits = logits - presence_penalty * (counts > 0) - frequency_penalty * counts
     if temperature == 0:
         return logits.argmax(dim=-1)
     # Shift each row's best score to 0 first: dividing by a tiny temperature then cannot overflow.
@@ -60,19 +91,36 @@ def sample_next(
         best = scores.topk(top_k, dim=-1).indices  # (..., k)
         keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, best, True)
         scores = scores.masked_fill(~keep, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        scores = scores.masked_fill(_outside_nucleus(scores, top_p), float("-inf"))
     probs = softmax(scores, dim=-1)
-    flat = probs.reshape(-1, vocab_size)  # (rows, V)
+    flat = probs.reshape(-1, probs.shape[-1])  # (rows, V)
     if flat.shape[0] == 0:
         return torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
     ids = torch.multinomial(flat, num_samples=1, generator=generator)  # (rows, 1)
     return ids.reshape(logits.shape[:-1])
 
 
-def _check_sampling(temperature: object, top_k: object, vocab_size: int) -> None:
+def _outside_nucleus(scores: Tensor, top_p: float) -> Tensor:
+    """True for the words outside the nucleus: sorted from the least likely up, the words
+    whose running total of probability stays at or below ``1 - top_p`` (the best word is always
+    kept)."""
+    ascending, order = scores.sort(dim=-1)                                   # (..., V)
+    below = softmax(ascending, dim=-1).cumsum(dim=-1) <= 1 - top_p
+    below[..., -1] = False                                                  # keep the best
+    return below.scatter(-1, order, below)                                  # back in place
+
+
+def _check_sampling(temperature: object, top_k: object, top_p: object, presence_penalty: object,
+                    frequency_penalty: object, vocab_size: int) -> None:
     """The sampling options of :func:`sample_next` and :func:`generate`, checked the same way."""
     _checks.check_number("temperature", temperature, low=0.0)
     if top_k is not None and _checks.check_int("top_k", top_k) > vocab_size:
         raise ValueError(f"top_k must be at most the vocabulary size {vocab_size}, got {top_k}")
+    if top_p is not None and not 0 < _checks.check_number("top_p", top_p) <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    _checks.check_number("presence_penalty", presence_penalty)
+    _checks.check_number("frequency_penalty", frequency_penalty)
 
 
 def generate(
@@ -83,9 +131,14 @@ def generate(
     use_cache: bool = True,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    eos_id: int | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Continue each row of ``idx`` by ``max_new_tokens`` tokens, one at a time (chapter 9).
+    """Continue each row of ``idx`` by up to ``max_new_tokens`` tokens, one at a time
+    (chapter 9).
 
     Each step takes the scores of the last position and picks the next token with
     :func:`sample_next`. Without the cache, each step runs the model on everything so far
@@ -94,10 +147,17 @@ def generate(
     step feeds the model only the newest token. Both give the same tokens. The model runs in
     eval mode (no dropout) and is put back in the mode it was in.
 
-    The loop runs under ``torch.inference_mode()``, which skips more of autograd's bookkeeping
-    than ``torch.no_grad()`` (a cached step, a few small matrix products, is dominated by such
-    overheads); the result is cloned outside it, so it is an ordinary tensor that may take part
-    in training later.
+    The penalties count the tokens each row has *generated* (not its prompt). With ``eos_id``,
+    a row that writes it stops: its later positions are ``eos_id`` too, so the batch stays
+    rectangular, and generation ends early once every row has stopped.
+
+    A prompt and new tokens longer than ``context_length`` are refused, not cropped to the last
+    ``context_length`` tokens as nanoGPT does: a model with learned positions has no position
+    past the context, so a cropped prompt is a different, shorter text. To continue a longer
+    text, pass its last tokens.
+
+    The loop runs under ``torch.inference_mode()``; the result is cloned outside it, so it is
+    an ordinary tensor that may take part in training later.
 
     Args:
         model: a language model such as :class:`~minitransformer.gpt.GPT`: ``model(idx)``
@@ -105,44 +165,93 @@ def generate(
             ``context_length`` (with ``use_cache``, also ``num_layers``, and the model takes
             ``kv_cache=``). A model with a ``make_decode_step()`` method, as ``GPT`` has, is
             stepped through the function that method returns, made once per call.
-        idx: ``(B, T)`` token ids, the prompt.
-        max_new_tokens: how many tokens to add; ``T + max_new_tokens <= context_length``.
+        idx: ``(B, T)`` token ids, the prompt, on the model's device.
+        max_new_tokens: the most tokens to add; ``T + max_new_tokens <= context_length``.
         use_cache: keep the keys and values instead of recomputing them.
-        temperature, top_k, generator: as for :func:`sample_next`; ``temperature=0`` is greedy.
+        temperature, top_k, top_p, presence_penalty, frequency_penalty, generator: as for
+            :func:`sample_next`; ``temperature=0`` is greedy.
+        eos_id: the token that ends a row; ``None`` runs every row ``max_new_tokens`` steps.
 
     Returns:
-        long tensor ``(B, T + max_new_tokens)``: the prompt followed by the new tokens.
+        long tensor ``(B, T + n)``, ``n <= max_new_tokens``: the prompt followed by the new
+        tokens (``n < max_new_tokens`` only when every row wrote ``eos_id``).
 
     Raises:
-        TypeError: a prompt that is not an integer tensor, a ``use_cache`` that is not a bool,
-            a temperature or ``top_k`` of the wrong type.
-        ValueError: more tokens than ``context_length`` allows in total, or a bad prompt,
-            temperature or ``top_k``.
+        TypeError: a model that is not such a language model (an encoder-decoder is pointed to
+            ``translate`` and ``beam_search``), a prompt that is not an integer tensor, an
+            option of the wrong type.
+        ValueError: more tokens than ``context_length`` allows in total, a prompt on another
+            device than the model, or a bad prompt, option or ``eos_id``.
     """
-    config = model.config
-    _checks.check_token_ids("idx", idx, config.vocab_size, max_len=config.context_length)
+    config = _check_language_model(model, use_cache)
+    weight = next(iter(model.parameters()), None)
+    _checks.check_token_ids("idx", idx, config.vocab_size, max_len=config.context_length,
+                            device=None if weight is None else weight.device)
     _checks.check_int("max_new_tokens", max_new_tokens, low=0)
     _checks.check_type("use_cache", use_cache, bool, "True or False")
-    _check_sampling(temperature, top_k, config.vocab_size)
+    _check_sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
+                    config.vocab_size)
+    if eos_id is not None and _checks.check_int("eos_id", eos_id, low=0) >= config.vocab_size:
+        raise ValueError(f"eos_id={eos_id} is not a token of the vocabulary "
+                         f"[0, {config.vocab_size})")
     total = idx.shape[1] + max_new_tokens
     if total > config.context_length:
         raise ValueError(f"the prompt's {idx.shape[1]} tokens plus max_new_tokens="
                          f"{max_new_tokens} make {total}, more than context_length="
                          f"{config.context_length}")
-    with eval_mode(model), torch.inference_mode():
-        idx = _continue(model, idx.long(), max_new_tokens, use_cache, temperature, top_k,
+    options = _Sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
                         generator)
+    with eval_mode(model), torch.inference_mode():
+        idx = _continue(model, idx.long(), max_new_tokens, use_cache, options, eos_id)
     return idx.clone()                           # an ordinary tensor, not an inference tensor
 
 
+class _Sampling(NamedTuple):
+    """:func:`generate`'s options for :func:`sample_next`, checked."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    presence_penalty: float
+    frequency_penalty: float
+    generator: torch.Generator | None
+
+    def choose(self, logits: Tensor, counts: Tensor | None) -> Tensor:
+        return _choose(logits, self.temperature, self.top_k, self.top_p, self.presence_penalty,
+                       self.frequency_penalty, counts, self.generator)
+
+
+def _check_language_model(model: object, use_cache: bool) -> object:
+    """The config of a model :func:`generate` can run, or a ``TypeError`` that says why not."""
+    from minitransformer.seq2seq import Seq2Seq  # here: generating with a GPT does not need it
+
+    if isinstance(model, Seq2Seq):
+        raise TypeError("generate continues a language model's prompt; a Seq2Seq translates a "
+                        "source sentence: use model.translate(src, max_new_tokens) or "
+                        "beam_search(model, src, beam_size=..., max_new_tokens=...)")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module such as GPT, got {type(model).__name__}")
+    needed = ("vocab_size", "context_length") + (("num_layers",) if use_cache is True else ())
+    config = getattr(model, "config", None)
+    for field in needed:
+        if not isinstance(getattr(config, field, None), int):
+            raise TypeError(f"generate needs a language model such as GPT, whose model.config "
+                            f"has {', '.join(needed)}; {type(model).__name__} has no "
+                            f"model.config.{field}")
+    return config
+
+
 def _continue(model: nn.Module, idx: Tensor, max_new_tokens: int, use_cache: bool,
-              temperature: float, top_k: int | None,
-              generator: torch.Generator | None) -> Tensor:
+              options: _Sampling, eos_id: int | None) -> Tensor:
     """:func:`generate`'s loop, on checked arguments: ``idx`` followed by the new tokens."""
     total = idx.shape[1] + max_new_tokens
     cache = KVCache(model.config.num_layers, max_len=total) if use_cache else None
     make_step = getattr(model, "make_decode_step", None)  # a faster cached pass, if there is one
     step = make_step() if cache is not None and make_step is not None else None
+    penalised = bool(options.presence_penalty or options.frequency_penalty)
+    counts = (torch.zeros(idx.shape[0], model.config.vocab_size, dtype=torch.long,
+                          device=idx.device) if penalised else None)        # (B, V)
+    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     new = idx                                    # what the model has not seen yet
     for _ in range(max_new_tokens):
         if cache is None:
@@ -151,10 +260,16 @@ def _continue(model: nn.Module, idx: Tensor, max_new_tokens: int, use_cache: boo
             logits = step(new, cache)                            # (B, T_new, N)
         else:
             logits, _ = model(new, kv_cache=cache)               # (B, T_new, N)
-        next_id = sample_next(logits[:, -1], temperature=temperature, top_k=top_k,
-                              generator=generator)               # (B,)
+        next_id = options.choose(logits[:, -1], counts)          # (B,)
+        if eos_id is not None:
+            next_id = next_id.masked_fill(done, eos_id)          # stopped rows: eos again
+            done = done | (next_id == eos_id)
+        if counts is not None:
+            counts.scatter_add_(1, next_id[:, None], torch.ones_like(next_id[:, None]))
         new = next_id[:, None]                                   # (B, 1)
         idx = torch.cat([idx, new], dim=1)                       # (B, T + 1)
+        if eos_id is not None and bool(done.all()):
+            break
     return idx
 
 
@@ -183,6 +298,9 @@ def beam_search(model: nn.Module, src: Tensor, *, beam_size: int, max_new_tokens
     _checks.check_int("beam_size", beam_size)
     _checks.check_int("max_new_tokens", max_new_tokens)
     c, k = model.config, beam_size
+    if k > c.tgt_vocab_size:
+        raise ValueError(f"beam_size={k} is more than the {c.tgt_vocab_size} target tokens: "
+                         f"there are not that many different continuations to keep")
     if max_new_tokens + 1 > c.context_length:
         raise ValueError(f"max_new_tokens={max_new_tokens} plus <bos> needs {max_new_tokens + 1} "
                          f"positions, more than context_length={c.context_length}")

@@ -9,6 +9,8 @@ encoder layer's shape, self-attention plus feed-forward with no cross-attention.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -18,19 +20,48 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from minitransformer import _checks
+from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
 from minitransformer.attention import MultiHeadAttention
 from minitransformer.layers import EncoderLayer, FeedForward, LayerNorm, _dropout
 from minitransformer.masks import causal_mask
 from minitransformer.positional import sinusoidal_positional_encoding
+from minitransformer.pretrained import Rename
 
 POSITIONAL = ("learned", "sinusoidal")
+GELUS = ("gelu", "gelu_tanh")  # exact, and the tanh approximation GPT-2 uses (chapter 13)
+IGNORE_INDEX = -100  # a target that the loss leaves out, as in F.cross_entropy and transformers
 INIT_STD = 0.02  # GPT-2's: every weight starts normal with this standard deviation
 # the classes of the modules inside a GPT as it builds them (GPT.make_decode_step knows these)
 _BUILT_TYPES = (nn.Embedding, nn.Dropout, nn.ModuleList, EncoderLayer, MultiHeadAttention,
                 FeedForward, LayerNorm, nn.Linear, nn.GELU)
+
+# GPT-2's name for each of our tensors (chapter 13); "{i}" is a layer's number. GPT-2's Conv1D
+# layers store a weight (in, out), nn.Linear (out, in): transposed. Its c_attn is the query, key
+# and value projections side by side. The head is tied to wte, as ours to token_embedding.
+_QKV = tuple(f"layers.{{i}}.self_attn.{p}_proj" for p in "qkv")
+GPT2_NAMES = (
+    Rename("token_embedding.weight", "wte.weight"),
+    Rename("position_embedding.weight", "wpe.weight"),
+    Rename("layers.{i}.norm1.weight", "h.{i}.ln_1.weight"),
+    Rename("layers.{i}.norm1.bias", "h.{i}.ln_1.bias"),
+    Rename(tuple(f"{p}.weight" for p in _QKV), "h.{i}.attn.c_attn.weight", transpose=True),
+    Rename(tuple(f"{p}.bias" for p in _QKV), "h.{i}.attn.c_attn.bias"),
+    Rename("layers.{i}.self_attn.out_proj.weight", "h.{i}.attn.c_proj.weight", transpose=True),
+    Rename("layers.{i}.self_attn.out_proj.bias", "h.{i}.attn.c_proj.bias"),
+    Rename("layers.{i}.norm2.weight", "h.{i}.ln_2.weight"),
+    Rename("layers.{i}.norm2.bias", "h.{i}.ln_2.bias"),
+    Rename("layers.{i}.feed_forward.linear1.weight", "h.{i}.mlp.c_fc.weight", transpose=True),
+    Rename("layers.{i}.feed_forward.linear1.bias", "h.{i}.mlp.c_fc.bias"),
+    Rename("layers.{i}.feed_forward.linear2.weight", "h.{i}.mlp.c_proj.weight", transpose=True),
+    Rename("layers.{i}.feed_forward.linear2.bias", "h.{i}.mlp.c_proj.bias"),
+    Rename("norm.weight", "ln_f.weight"),
+    Rename("norm.bias", "ln_f.bias"),
+)
+# in GPT-2 files but not weights: the causal-mask buffers, and the head tied to wte
+_GPT2_SKIPPED = re.compile(r"h\.\d+\.attn\.(masked_)?bias|lm_head\.weight")
+_GPT2_GELUS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 @dataclass(frozen=True)
@@ -50,10 +81,13 @@ class GPTConfig:
         positional: ``"learned"`` (a trained vector per position, as in GPT-2) or
             ``"sinusoidal"`` (chapter 5's fixed encoding, scaled by ``INIT_STD``; ``d_model`` must
             be even).
+        activation: the feed-forward's GELU: ``"gelu"``, exact, ``x * Phi(x)``, or
+            ``"gelu_tanh"``, GPT-2's tanh approximation of it (chapter 13).
+        norm_eps: the layer norms' ``eps`` (GPT-2's ``layer_norm_epsilon``).
 
     Raises:
         TypeError, ValueError: a size that is not a positive int, ``d_model`` not divisible by
-            ``num_heads``, a bad ``dropout`` or ``positional``.
+            ``num_heads``, a bad ``dropout``, ``positional``, ``activation`` or ``norm_eps``.
     """
 
     vocab_size: int
@@ -64,6 +98,8 @@ class GPTConfig:
     d_ff: int | None = None
     dropout: float = 0.0
     positional: str = "learned"
+    activation: str = "gelu"
+    norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "num_layers", "num_heads", "d_model"):
@@ -74,6 +110,8 @@ class GPTConfig:
         _checks.check_int("d_ff", self.d_ff)
         _checks.check_probability("dropout", self.dropout)
         _checks.check_choice("positional", self.positional, POSITIONAL)
+        _checks.check_choice("activation", self.activation, GELUS)
+        _checks.check_number("norm_eps", self.norm_eps, positive=True)
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
 
@@ -143,10 +181,11 @@ class GPT(nn.Module):
                                    if c.positional == "learned" else None)
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(
-            EncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout, activation="gelu",
-                         norm_first=True, **factory)
+            EncoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
+                         activation=c.activation, norm_first=True, layer_norm_eps=c.norm_eps,
+                         **factory)
             for _ in range(c.num_layers))
-        self.norm = LayerNorm(c.d_model, **factory)
+        self.norm = LayerNorm(c.d_model, eps=c.norm_eps, **factory)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False, **factory)
         self.head.weight = self.token_embedding.weight  # weight tying: one (N, d_model) matrix
         self.apply(_init_weights)
@@ -157,7 +196,8 @@ class GPT(nn.Module):
 
         Args:
             idx: ``(B, T)`` token ids, ``T <= context_length``.
-            targets: ``(B, T)`` the token that follows each position (``idx`` shifted left).
+            targets: ``(B, T)`` the token that follows each position (``idx`` shifted left);
+                ``-100`` marks a position left out of the loss, as in ``F.cross_entropy``.
             kv_cache: a :class:`~minitransformer.cache.KVCache` with a slot per layer
                 (chapter 11). ``idx`` then holds only the new tokens: they take the positions
                 after the ``kv_cache.seq_len`` cached ones, attend to those too, and their
@@ -165,20 +205,20 @@ class GPT(nn.Module):
 
         Returns:
             ``(logits, loss)``: logits ``(B, T, vocab_size)``; ``loss`` the mean cross-entropy
-            over all ``B * T`` positions, or ``None`` without targets.
+            over the positions whose target is not ``-100``, or ``None`` without targets.
 
         Raises:
-            TypeError: ``idx`` or ``targets`` is not an integer tensor.
+            TypeError: ``idx`` or ``targets`` is not an int64 or int32 tensor.
             ValueError: a shape other than ``(B, T)``, ``T > context_length``, a token id
-                outside ``[0, vocab_size)``, or ``targets`` shaped unlike ``idx``; a cache
-                whose positions plus ``T`` exceed ``context_length``, with another number of
-                layers, or holding another batch size (or past its ``max_len``).
+                outside ``[0, vocab_size)``, ``idx`` on another device than the model,
+                ``targets`` shaped unlike ``idx`` or all ``-100``; a cache whose positions plus
+                ``T`` exceed ``context_length``, with another number of layers, or holding
+                another batch size (or past its ``max_len``).
         """
-        c = self.config
-        _checks.check_token_ids("idx", idx, c.vocab_size, max_len=c.context_length)
-        past = 0 if kv_cache is None else self._check_cache(kv_cache, idx.shape[1])
+        past = self._check_input(idx, kv_cache)
         if targets is not None:
-            _checks.check_token_ids("targets", targets, c.vocab_size)
+            _checks.check_token_ids("targets", targets, self.config.vocab_size,
+                                    ignore_index=IGNORE_INDEX)
             if targets.shape != idx.shape:
                 raise ValueError(f"targets must have the shape of idx {_checks.shape(idx)}, "
                                  f"got {_checks.shape(targets)}")
@@ -191,15 +231,30 @@ class GPT(nn.Module):
         logits = self.head(self.norm.normalize(x))                    # (B, T, N)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(),
+                               ignore_index=IGNORE_INDEX)
         return logits, loss
 
     def decode_step(self, idx: Tensor, kv_cache: KVCache) -> Tensor:
-        """``forward(idx, kv_cache=kv_cache)[0]``, the same numbers bit for bit, through the
-        speed path of chapter 11: ``self.make_decode_step()(idx, kv_cache)``. A loop of steps
-        should make the step function once and call it, as
-        :func:`~minitransformer.generation.generate` does."""
+        """``forward(idx, kv_cache=kv_cache)[0]`` in eval mode, the same numbers bit for bit,
+        through the speed path of chapter 11: ``self.make_decode_step()(idx, kv_cache)``.
+
+        The arguments are checked as :meth:`forward` checks them (ids, dtype, device, and the
+        cache's type, layers, batch and room). A loop of steps should check once, make the step
+        function once and call it, as :func:`~minitransformer.generation.generate` does.
+        """
+        self._check_input(idx, kv_cache, cache_required=True)
         return self.make_decode_step()(idx, kv_cache)
+
+    def _check_input(self, idx: Tensor, kv_cache: KVCache | None, *,
+                     cache_required: bool = False) -> int:
+        """The checks of :meth:`forward` and :meth:`decode_step`; returns the cached positions."""
+        c = self.config
+        _checks.check_token_ids("idx", idx, c.vocab_size, max_len=c.context_length,
+                                device=self.token_embedding.weight.device)
+        if kv_cache is None and not cache_required:
+            return 0
+        return self._check_cache(kv_cache, idx.shape)
 
     def make_decode_step(self) -> Callable[[Tensor, KVCache], Tensor]:
         """A function ``step(idx, kv_cache) -> logits`` that computes
@@ -236,6 +291,7 @@ class GPT(nn.Module):
         blocks = [_BlockWeights.of(layer) for layer in self.layers]
         final_norm, head = _BlockWeights.norm(self.norm), self.head.weight
         width, heads = (self.config.d_model,), self.config.num_heads
+        approximate = "tanh" if self.config.activation == "gelu_tanh" else "none"
 
         def split_heads(t: Tensor) -> Tensor:                     # (B, T, d) -> (B, h, T, d_k)
             batch, length, _ = t.shape
@@ -254,7 +310,8 @@ class GPT(nn.Module):
                 attended = F.scaled_dot_product_attention(q, k, v, mask).transpose(1, 2)
                 x = x + F.linear(attended.reshape(x.shape), *b.out_proj)
                 h = F.layer_norm(x, width, *b.norm2)
-                x = x + F.linear(F.gelu(F.linear(h, *b.linear1)), *b.linear2)
+                hidden = F.gelu(F.linear(h, *b.linear1), approximate=approximate)
+                x = x + F.linear(hidden, *b.linear2)
             x = F.layer_norm(x, width, *final_norm)
             return F.linear(x, head)                                  # (B, T, N)
 
@@ -263,7 +320,7 @@ class GPT(nn.Module):
     def _is_as_built(self) -> bool:
         """Whether :meth:`make_decode_step`'s written-out pass computes this model's
         :meth:`forward`: GPT's own ``forward`` and ``embed``; every sub-module of a type that
-        GPT builds (no subclass); pre-norm blocks with the exact GELU; no hooks (the step calls
+        GPT builds (no subclass); pre-norm blocks with the config's GELU; no hooks (the step calls
         no module, so a hook would not run) and no parametrized weights."""
         cls = type(self)
         if (cls.forward is not GPT.forward or cls.embed is not GPT.embed
@@ -275,16 +332,23 @@ class GPT(nn.Module):
             if (module._forward_hooks or module._forward_pre_hooks
                     or parametrize.is_parametrized(module)):
                 return False
-        return all(layer.norm_first and layer.feed_forward.activation.approximate == "none"
+        approximate = "tanh" if self.config.activation == "gelu_tanh" else "none"
+        return all(layer.norm_first and layer.feed_forward.activation.approximate == approximate
                    for layer in self.layers)
 
-    def _check_cache(self, kv_cache: KVCache, length: int) -> int:
-        """The positions ``kv_cache`` holds, after checking that ``length`` more fit."""
+    def _check_cache(self, kv_cache: KVCache, idx_shape: torch.Size) -> int:
+        """The positions ``kv_cache`` holds, after checking that it is this model's cache for a
+        batch of ``idx_shape`` ``(B, T)``, with room for ``T`` more positions."""
         _checks.check_type("kv_cache", kv_cache, KVCache, "a KVCache")
         c = self.config
         if kv_cache.num_layers != c.num_layers:
             raise ValueError(f"kv_cache has {kv_cache.num_layers} layers, the model "
-                             f"{c.num_layers} layers")
+                             f"{c.num_layers} layers: make it with KVCache({c.num_layers})")
+        batch, length = idx_shape
+        held = kv_cache.keys[0]
+        if held is not None and held.shape[0] != batch:
+            raise ValueError(f"kv_cache holds a batch of {held.shape[0]} rows and idx has "
+                             f"{batch}: reset() the cache for a new batch")
         past = kv_cache.seq_len
         if past + length > c.context_length:
             raise ValueError(f"the cache holds {past} positions and idx has {length} new ones: "
@@ -325,8 +389,7 @@ class GPT(nn.Module):
         """Every layer's attention weights for ``idx``: a list of ``num_layers`` tensors
         ``(B, num_heads, T, T)``, row = query position, column = key position. Computed in
         eval mode (no dropout on the weights); the mode is restored."""
-        c = self.config
-        _checks.check_token_ids("idx", idx, c.vocab_size, max_len=c.context_length)
+        self._check_input(idx, None)
         with eval_mode(self):
             x = self.embed(idx)
             mask = causal_mask(idx.shape[1], device=idx.device)
@@ -338,6 +401,132 @@ class GPT(nn.Module):
 
     def extra_repr(self) -> str:
         return f"positional={self.config.positional!r}"
+
+    # --- checkpoints: GPT-2's directory layout (chapters 9 and 13) -----------------------------
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write ``path/config.json`` and ``path/model.safetensors`` as a GPT-2 checkpoint:
+        GPT-2's config keys and tensor names (:data:`GPT2_NAMES`), which
+        ``transformers.GPT2LMHeadModel.from_pretrained`` reads. The tied head is stored once
+        (as ``wte``). Sinusoidal positions are written as the table they add (``wpe``), so GPT-2
+        computes the same logits; ``config.json``'s ``"minitransformer"`` key keeps what GPT-2
+        has no field for, so :meth:`from_pretrained` rebuilds this very model.
+
+        Raises:
+            ValueError: blocks changed after construction so that GPT-2 cannot express them
+                (post-norm, another activation), or ``path`` is a file.
+        """
+        c = self.config
+        approximate = "tanh" if c.activation == "gelu_tanh" else "none"
+        if not all(type(layer) is EncoderLayer and layer.norm_first
+                   and getattr(layer.feed_forward.activation, "approximate", None) == approximate
+                   for layer in self.layers):
+            raise ValueError("this GPT's blocks are no longer the pre-norm blocks of its config "
+                             "(GPT-2's layout), so it cannot be saved as a GPT-2 checkpoint")
+        state = self.state_dict()
+        if self.position_embedding is None:
+            weight = self.token_embedding.weight
+            state["position_embedding.weight"] = INIT_STD * sinusoidal_positional_encoding(
+                c.context_length, c.d_model, device=weight.device, dtype=weight.dtype)
+        tensors = pretrained.to_theirs(state, GPT2_NAMES, c.num_layers)
+        dtype = str(self.token_embedding.weight.dtype).removeprefix("torch.")
+        pretrained.write_checkpoint(path, _gpt2_config(c, dtype),
+                                    {f"transformer.{name}": t for name, t in tensors.items()})
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, *, device: torch.device | str | None = None,
+                        dtype: torch.dtype | None = None) -> GPT:
+        """A GPT-2 checkpoint directory as a :class:`GPT`, in eval mode.
+
+        Reads what :meth:`save_pretrained` writes and what transformers' ``GPT2LMHeadModel``
+        writes (keys with or without the ``transformer.`` prefix; the causal-mask buffers of
+        older files are skipped). ``path`` is a directory; a name such as ``"gpt2"`` that is
+        not one is downloaded from the Hugging Face Hub when ``huggingface_hub`` is installed.
+        Only safetensors files are read, never a pickle.
+
+        Args:
+            path: the directory (or a Hub repo id).
+            device, dtype: where and in what precision to build the model; ``dtype=None`` keeps
+                the checkpoint's.
+
+        Raises:
+            FileNotFoundError: no such directory or file, and no way to download it.
+            ValueError: a config GPT's architecture cannot express (naming the field: another
+                ``model_type``, untied embeddings, ``scale_attn_by_inverse_layer_idx``,
+                ``reorder_and_upcast_attn``, unequal dropouts, another activation); a file that
+                is not JSON or safetensors; a tensor missing, unknown, or shaped unlike the
+                config says (naming it and both shapes).
+        """
+        folder = pretrained.resolve(path)
+        raw, tensors = pretrained.read_checkpoint(folder)
+        config = _config_from_gpt2(raw, str(folder / pretrained.CONFIG_FILE))
+        source = str(folder / pretrained.WEIGHTS_FILE)
+        tensors = {name.removeprefix("transformer."): t for name, t in tensors.items()}
+        known = set(pretrained.their_names(GPT2_NAMES, config.num_layers).values())
+        for name in tensors:
+            if name not in known and not _GPT2_SKIPPED.fullmatch(name):
+                raise ValueError(f"{source} holds {name!r}, which a GPT-2 model with "
+                                 f"n_layer={config.num_layers} does not have")
+        state = pretrained.to_ours(tensors, GPT2_NAMES, config.num_layers, source=source)
+        dtype = pretrained.checkpoint_dtype(tensors) if dtype is None else dtype
+        model = cls(config, device=device, dtype=dtype)
+        pretrained.load_state(model, state, source=source,
+                              theirs=pretrained.their_names(GPT2_NAMES, config.num_layers))
+        return model.eval()
+
+
+def _gpt2_config(c: GPTConfig, dtype: str) -> dict:
+    """GPT-2's ``config.json`` for ``c``; what GPT-2 has no field for under ``"minitransformer"``."""
+    return {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "dtype": dtype,
+        "vocab_size": c.vocab_size, "n_positions": c.context_length, "n_embd": c.d_model,
+        "n_layer": c.num_layers, "n_head": c.num_heads, "n_inner": c.d_ff,
+        "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu",
+        "layer_norm_epsilon": c.norm_eps, "tie_word_embeddings": True,
+        "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
+        "bos_token_id": None, "eos_token_id": None,
+        "minitransformer": {"positional": c.positional},
+    }
+
+
+def _config_from_gpt2(raw: dict, source: str) -> GPTConfig:
+    """The :class:`GPTConfig` of a GPT-2 ``config.json``, or a ``ValueError`` naming the field
+    that GPT cannot express (transformers' defaults stand in for absent fields)."""
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"{source}: {why}, which GPT cannot express")
+
+    if raw.get("model_type") != "gpt2":
+        raise refuse(f"model_type is {raw.get('model_type')!r}, not 'gpt2'")
+    if raw.get("tie_word_embeddings", True) is not True:
+        raise refuse("tie_word_embeddings is false (a head apart from wte)")
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+                 "add_cross_attention"):
+        if raw.get(flag):
+            raise refuse(f"{flag} is set")
+    if raw.get("scale_attn_weights", True) is not True:
+        raise refuse("scale_attn_weights is false (scores not divided by sqrt(d_head))")
+    drops = {key: raw.get(key, 0.1) for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
+    if len(set(drops.values())) > 1:
+        raise refuse("unequal dropouts " + ", ".join(f"{k}={v}" for k, v in drops.items()))
+    activation = raw.get("activation_function", "gelu_new")
+    if activation not in _GPT2_GELUS:
+        raise refuse(f"activation_function is {activation!r}")
+    ours = raw.get("minitransformer", {})
+    if not isinstance(ours, dict):
+        raise ValueError(f"{source}: the 'minitransformer' field must be an object")
+    sizes = {name: raw.get(key) for name, key in (
+        ("vocab_size", "vocab_size"), ("context_length", "n_positions"),
+        ("num_layers", "n_layer"), ("num_heads", "n_head"), ("d_model", "n_embd"))}
+    for name, value in sizes.items():
+        if value is None:
+            raise ValueError(f"{source} has no field for {name}")
+    try:
+        return GPTConfig(**sizes, d_ff=raw.get("n_inner"), dropout=drops["resid_pdrop"],
+                         positional=ours.get("positional", "learned"),
+                         activation=_GPT2_GELUS[activation],
+                         norm_eps=raw.get("layer_norm_epsilon", 1e-5))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: {exc}") from None
 
 
 def _init_weights(module: nn.Module) -> None:

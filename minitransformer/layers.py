@@ -41,6 +41,8 @@ polarity: where ``nn.TransformerEncoderLayer`` takes ``src_mask=m`` or
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -49,7 +51,9 @@ from minitransformer import _checks
 from minitransformer.attention import MultiHeadAttention
 from minitransformer.cache import KVCache, check_kv_cache
 
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+# "gelu" is the exact x * Phi(x); "gelu_tanh" its tanh approximation, GPT-2's (chapter 13)
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU,
+               "gelu_tanh": functools.partial(nn.GELU, approximate="tanh")}
 
 
 def _dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
@@ -71,7 +75,7 @@ class FeedForward(nn.Module):
         d_model: size of each input and output vector.
         d_ff: number of hidden features.
         dropout: probability of zeroing a hidden feature while training (``0.0`` = off).
-        activation: ``"relu"`` or ``"gelu"``.
+        activation: ``"relu"``, ``"gelu"`` (exact) or ``"gelu_tanh"`` (approximate).
         device, dtype: where and in what precision to create the parameters.
 
     Shapes:
@@ -249,8 +253,9 @@ class EncoderLayer(nn.Module):
         d_ff: the feed-forward block's hidden width (the paper uses ``4 * d_model``).
         dropout: the dropout probability on the attention weights, inside the feed-forward block
             and on each sub-layer's output before it is added; acts in training mode only.
-        activation: ``"relu"`` or ``"gelu"``.
+        activation: ``"relu"``, ``"gelu"`` (exact) or ``"gelu_tanh"`` (approximate).
         norm_first: pre-norm instead of post-norm.
+        layer_norm_eps: the layer norms' ``eps`` (PyTorch's name for it).
         device, dtype: where and in what precision to create the parameters.
 
     Sub-modules: ``self_attn`` (:class:`~minitransformer.attention.MultiHeadAttention`),
@@ -260,7 +265,8 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.0,
                  activation: str = "relu", norm_first: bool = False,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+                 layer_norm_eps: float = 1e-5, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         _check_sizes(d_model, num_heads, d_ff)
         _checks.check_probability("dropout", dropout)
@@ -269,8 +275,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, **factory)
         self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout, activation=activation,
                                         **factory)
-        self.norm1 = LayerNorm(d_model, **factory)
-        self.norm2 = LayerNorm(d_model, **factory)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, **factory)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, **factory)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
 

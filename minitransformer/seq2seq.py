@@ -17,22 +17,25 @@ Beam search, the alternative to greedy decoding, is
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minitransformer import _checks
+from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
 from minitransformer.layers import DecoderLayer, EncoderLayer, LayerNorm
 from minitransformer.masks import causal_mask, padding_mask
 
 
-@dataclass
+@dataclass(frozen=True)
 class Seq2SeqConfig:
-    """The sizes of a :class:`Seq2Seq`.
+    """The sizes of a :class:`Seq2Seq`. Frozen, as :class:`~minitransformer.gpt.GPTConfig`: a
+    model is built from its config, so ``dataclasses.replace`` makes a new, checked one.
 
     Args:
         src_vocab_size, tgt_vocab_size: the number of source and target tokens.
@@ -71,7 +74,7 @@ class Seq2SeqConfig:
             _checks.check_int(name, getattr(self, name))
         _checks.check_divisible(self.d_model, self.num_heads)
         if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
+            object.__setattr__(self, "d_ff", 4 * self.d_model)    # frozen: set once, here
         _checks.check_int("d_ff", self.d_ff)
         _checks.check_probability("dropout", self.dropout)
         _checks.check_probability("label_smoothing", self.label_smoothing)
@@ -228,7 +231,8 @@ class Seq2Seq(nn.Module):
         logits = self._decode(tgt_in, self._encode(src, mask), mask)   # (B, T_tgt, N)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=c.pad_id,
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(),
+                               ignore_index=c.pad_id,
                                label_smoothing=c.label_smoothing)
         return logits, loss
 
@@ -321,6 +325,42 @@ class Seq2Seq(nn.Module):
                               kv_cache=kv_cache)
         return logits[:, -1]
 
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write ``path/config.json`` (the config's fields and ``model_type``
+        ``"minitransformer-seq2seq"``) and ``path/model.safetensors`` (the weights by their
+        names here, the tied head stored once). :meth:`from_pretrained` reads it back."""
+        config = {"model_type": MODEL_TYPE, **dataclasses.asdict(self.config)}
+        pretrained.write_checkpoint(path, config, pretrained.unique_state(self))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, *, device: torch.device | str | None = None,
+                        dtype: torch.dtype | None = None) -> Seq2Seq:
+        """The model :meth:`save_pretrained` wrote into the directory ``path``, in eval mode;
+        ``dtype=None`` keeps the stored dtype. Only safetensors are read, never a pickle.
+
+        Raises:
+            FileNotFoundError: no such directory or file.
+            ValueError: another ``model_type``, a config field that is unknown or wrong, a file
+                that is not JSON or safetensors, a tensor missing or shaped unlike the config
+                says (naming it and both shapes).
+        """
+        folder = pretrained.resolve(path)
+        raw, tensors = pretrained.read_checkpoint(folder)
+        source = folder / pretrained.CONFIG_FILE
+        model_type = raw.pop("model_type", None)
+        if model_type != MODEL_TYPE:
+            raise ValueError(f"{source}: model_type must be {MODEL_TYPE!r}, got {model_type!r}")
+        try:
+            config = Seq2SeqConfig(**raw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: {exc}") from None
+        dtype = pretrained.checkpoint_dtype(tensors) if dtype is None else dtype
+        model = cls(config, device=device, dtype=dtype)
+        pretrained.load_state(model, tensors, source=str(folder / pretrained.WEIGHTS_FILE))
+        return model.eval()
+
     # --- the computation, unchecked ------------------------------------------------------------
 
     def _encode(self, src: Tensor, mask: Tensor) -> Tensor:
@@ -357,7 +397,8 @@ class Seq2Seq(nn.Module):
 
     def _check_src(self, src: Tensor) -> None:
         c = self.config
-        _checks.check_token_ids("src", src, c.src_vocab_size, max_len=c.context_length)
+        _checks.check_token_ids("src", src, c.src_vocab_size, max_len=c.context_length,
+                                device=self.head.weight.device)
         if src.device.type != "meta" and src.numel() and (src == c.pad_id).all(dim=1).any():
             row = int(torch.nonzero((src == c.pad_id).all(dim=1))[0])
             raise ValueError(f"src row {row} is all padding (pad_id={c.pad_id}): a sentence "
@@ -365,7 +406,8 @@ class Seq2Seq(nn.Module):
 
     def _check_tgt(self, name: str, ids: Tensor, src: Tensor) -> None:
         c = self.config
-        _checks.check_token_ids(name, ids, c.tgt_vocab_size, max_len=c.context_length)
+        _checks.check_token_ids(name, ids, c.tgt_vocab_size, max_len=c.context_length,
+                                device=self.head.weight.device)
         if ids.shape[0] != src.shape[0]:
             raise ValueError(f"{name} and src must have the same batch size, got {name} "
                              f"{_checks.shape(ids)} and src {_checks.shape(src)}")
@@ -376,6 +418,9 @@ class Seq2Seq(nn.Module):
             raise ValueError(f"max_new_tokens={max_new_tokens} plus <bos> needs "
                              f"{max_new_tokens + 1} positions, more than context_length="
                              f"{self.config.context_length}")
+
+
+MODEL_TYPE = "minitransformer-seq2seq"  # config.json's model_type for a Seq2Seq
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -404,13 +449,16 @@ def exact_match(translations: Tensor, targets: Tensor, *, bos_id: int = 1,
 
     Raises:
         TypeError: either is not an integer tensor.
-        ValueError: either is not 2-D, or their numbers of rows differ.
+        ValueError: either is not 2-D, their numbers of rows differ, or they have no rows.
     """
     _checks.check_int_tensor("translations", translations, ndim=2)
     _checks.check_int_tensor("targets", targets, ndim=2)
     if translations.shape[0] != targets.shape[0]:
         raise ValueError(f"translations and targets must have the same number of rows, got "
                          f"{_checks.shape(translations)} and {_checks.shape(targets)}")
+    if translations.shape[0] == 0:
+        raise ValueError("exact_match needs at least one row, got none: a share of zero "
+                         "translations has no value")
     hits = 0
     for out, ref in zip(translations.tolist(), targets.tolist()):
         hits += eos_id in out and (strip_special(out, bos_id=bos_id, eos_id=eos_id)

@@ -1,4 +1,4 @@
-"""Training a model on batches, measuring it, saving and loading it (chapter 9).
+"""Training a model on batches and measuring it (chapter 9).
 
 One loop trains every model of the book: each batch is a tuple passed as ``model(*batch)``, and
 the model returns ``(logits, loss)``. A GPT's batches are ``(idx, targets)`` (chapter 9), an
@@ -7,14 +7,13 @@ encoder-decoder's ``(src, tgt_in, targets)`` (chapter 10).
 
 from __future__ import annotations
 
+import itertools
 import math
-import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass, field
 
 import torch
-
 import tqdm
 from torch import Tensor, nn
 
@@ -87,8 +86,8 @@ def _optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.
 
 
 def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
-          val_batches: Iterable[tuple] | None = None, eval_every: int = 100,
-          warmup_steps: int | None = None, weight_decay: float = 0.1,
+          val_batches: Iterable[tuple] | None = None, eval_batches: int | None = None,
+          eval_every: int = 100, warmup_steps: int | None = None, weight_decay: float = 0.1,
           max_grad_norm: float = 1.0, progress: bool = True) -> TrainingHistory:
     """Train ``model`` for ``steps`` updates with AdamW (Loshchilov and Hutter, 2019).
 
@@ -104,9 +103,14 @@ def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
             :func:`~minitransformer.data.random_batches`) must last ``steps`` batches.
         steps: the number of updates.
         lr: the peak learning rate.
-        val_batches: a list of batches for the validation loss.
+        val_batches: the batches of the validation loss: a list (or another sized
+            collection), or an iterator together with ``eval_batches``.
+        eval_batches: use only the first ``eval_batches`` validation batches, taken once, so
+            that every evaluation point measures the same set; needed when ``val_batches`` is
+            an iterator, which may never end (such as ``random_batches``).
         eval_every: steps between evaluation points.
-        warmup_steps: steps of linear warm-up; default ``min(100, steps // 10)``, at least 1.
+        warmup_steps: steps of linear warm-up, at most ``steps``; default
+            ``min(100, steps // 10)``, at least 1.
         weight_decay: AdamW's decoupled weight decay, applied to weight matrices only.
         max_grad_norm: the gradient's total norm is clipped to this.
         progress: show a tqdm progress bar (a plain text bar, so stored notebooks hold text).
@@ -116,8 +120,9 @@ def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
         count on the same machine.
 
     Raises:
-        TypeError, ValueError: bad arguments, a batch that is not a tuple, a model that returns
-            no loss, batches that run out, or a loss that becomes NaN or infinite.
+        TypeError, ValueError: bad arguments (``warmup_steps > steps``; an iterator as
+            ``val_batches`` without ``eval_batches``), a batch that is not a tuple, a model that
+            returns no loss, batches that run out, or a loss that becomes NaN or infinite.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -126,9 +131,12 @@ def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
     _checks.check_int("eval_every", eval_every)
     warmup_steps = (max(1, min(100, steps // 10)) if warmup_steps is None
                     else _checks.check_int("warmup_steps", warmup_steps))
+    if warmup_steps > steps:
+        raise ValueError(f"warmup_steps={warmup_steps} is more than steps={steps}: the learning "
+                         f"rate would never reach lr")
     _checks.check_number("weight_decay", weight_decay, low=0.0)
     _checks.check_number("max_grad_norm", max_grad_norm, positive=True)
-    val_batches = None if val_batches is None else list(val_batches)
+    val_batches = _validation_set(val_batches, eval_batches)
 
     optimizer = _optimizer(model, lr, weight_decay)
     history = TrainingHistory()
@@ -167,6 +175,31 @@ def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
     return history
 
 
+def _validation_set(val_batches: Iterable[tuple] | None,
+                    eval_batches: int | None) -> list[tuple] | None:
+    """The fixed list of batches :func:`train` evaluates on: never ``list()`` of an iterator that
+    may be endless."""
+    if eval_batches is not None:
+        _checks.check_int("eval_batches", eval_batches)
+        if val_batches is None:
+            raise ValueError("eval_batches needs val_batches to take the batches from")
+    if val_batches is None:
+        return None
+    if isinstance(val_batches, (str, bytes)) or not isinstance(val_batches, Iterable):
+        raise TypeError(f"val_batches must be a list of batches or an iterator of them, got "
+                        f"{type(val_batches).__name__}")
+    if eval_batches is None:
+        if not isinstance(val_batches, Sized):
+            raise ValueError("val_batches is an iterator, which may never end: pass a list, or "
+                             "eval_batches=N to evaluate on its first N batches")
+        return list(val_batches)
+    taken = list(itertools.islice(val_batches, eval_batches))
+    if len(taken) < eval_batches:
+        raise ValueError(f"val_batches holds {len(taken)} batches, fewer than "
+                         f"eval_batches={eval_batches}")
+    return taken
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[tuple]) -> float:
     """The mean loss of ``model`` over ``batches``, in eval mode (no dropout), each batch
@@ -181,36 +214,3 @@ def evaluate(model: nn.Module, batches: Iterable[tuple]) -> float:
     if count == 0:
         raise ValueError("evaluate needs at least one non-empty batch")
     return total / count
-
-
-def save_model(model: nn.Module, path: str | os.PathLike) -> None:
-    """Save the model's weights (its state dict) to ``path``."""
-    torch.save(model.state_dict(), path)
-
-
-def load_model(model: nn.Module, path: str | os.PathLike) -> nn.Module:
-    """Load weights saved by :func:`save_model` into ``model`` (built with the same config).
-
-    The file is read with ``torch.load(..., weights_only=True)``: tensors only, no code.
-
-    Returns:
-        ``model``, for chaining.
-
-    Raises:
-        ValueError: the saved weights do not fit the model: names each missing or unexpected
-            entry and each shape that differs, e.g. ``token_embedding.weight: saved (47, 64),
-            model (50, 64)``.
-    """
-    device = next(model.parameters()).device
-    state = torch.load(path, map_location=device, weights_only=True)
-    ours = model.state_dict()
-    problems = [f"{name}: saved {tuple(state[name].shape)}, model {tuple(t.shape)}"
-                for name, t in ours.items() if name in state and state[name].shape != t.shape]
-    problems += [f"{name}: missing from the saved weights" for name in ours if name not in state]
-    problems += [f"{name}: saved, but the model has no such entry"
-                 for name in state if name not in ours]
-    if problems:
-        raise ValueError("the saved weights do not fit this model (was it built with another "
-                         "config?):\n  " + "\n  ".join(problems))
-    model.load_state_dict(state)
-    return model

@@ -458,7 +458,7 @@ def test_decode_step_past_the_context_is_refused(positional):
     model = gpt(positional, context_length=10)
     cache = KVCache(2)
     model.decode_step(TOKENS[:, :10], cache)
-    with pytest.raises(ValueError, match="positions 10 to 10 do not fit context_length=10"):
+    with pytest.raises(ValueError, match="11 positions, more than context_length=10"):
         model.decode_step(TOKENS[:, :1], cache)
     with pytest.raises(ValueError, match="positions 8 to 11 do not fit context_length=10"):
         model.embed(TOKENS[:, :4], offset=8)      # used to return an empty (B, 0, d) slice

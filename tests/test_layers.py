@@ -128,7 +128,7 @@ def test_follows_the_inputs_dtype_after_to():
     (dict(d_model=4, d_ff=4, dropout=-0.1), ValueError,
      r"dropout must be a number in \[0, 1\), got -0.1"),
     (dict(d_model=4, d_ff=4, activation="tanh"), ValueError,
-     r"activation must be one of \['gelu', 'relu'\], got 'tanh'"),
+     r"activation must be one of \['gelu', 'gelu_tanh', 'relu'\], got 'tanh'"),
     (dict(d_model=4, d_ff=4, dtype=torch.int64), TypeError,
      "dtype must be a floating-point torch.dtype, got torch.int64"),
 ])

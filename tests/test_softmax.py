@@ -114,7 +114,7 @@ def test_softmax_lives_in_functional_where_sampling_and_attention_import_it():
 
     import minitransformer
     attention, functional, generate = (importlib.import_module(f"minitransformer.{name}")
-                                       for name in ("attention", "functional", "generate"))
+                                       for name in ("attention", "functional", "generation"))
     assert minitransformer.softmax is functional.softmax
     assert generate.softmax is functional.softmax and attention.softmax is functional.softmax
     assert functional.softmax.__module__ == "minitransformer.functional"

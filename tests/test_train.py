@@ -1,4 +1,5 @@
-"""The training loop, evaluation, saving and loading (minitransformer.training, chapter 9)."""
+"""The training loop and evaluation (minitransformer.training, chapter 9). Saving and loading:
+tests/test_pretrained.py."""
 
 import importlib
 import math
@@ -13,8 +14,6 @@ from minitransformer.training import (
     TrainingHistory,
     evaluate,
     learning_rate,
-    load_model,
-    save_model,
     train,
 )
 
@@ -150,31 +149,6 @@ def test_progress_bar_can_be_turned_on_and_off(capsys):
     assert "training: 100%" in capsys.readouterr().err
 
 
-def test_save_and_load_round_trip(tmp_path):
-    torch.manual_seed(0)
-    model = GPT(tiny_config())
-    path = tmp_path / "gpt.pt"
-    save_model(model, path)
-    torch.manual_seed(1)
-    other = GPT(tiny_config())
-    assert load_model(other, path) is other
-    idx = torch.randint(12, (2, 8))
-    torch.testing.assert_close(other(idx)[0], model(idx)[0], rtol=0, atol=0)
-    assert other.head.weight is other.token_embedding.weight
-
-
-def test_loading_into_another_config_names_the_mismatched_shapes(tmp_path):
-    path = tmp_path / "gpt.pt"
-    save_model(GPT(tiny_config()), path)
-    with pytest.raises(ValueError, match=r"token_embedding.weight: saved \(12, 16\), model "
-                                         r"\(13, 16\)"):
-        load_model(GPT(tiny_config(vocab_size=13)), path)
-    with pytest.raises(ValueError, match="layers.1.norm1.weight: missing"):
-        load_model(GPT(tiny_config(num_layers=2)), path)
-    with pytest.raises(ValueError, match="position_embedding.weight: saved, but the model"):
-        load_model(GPT(tiny_config(positional="sinusoidal")), path)
-
-
 def test_the_gradient_is_clipped_before_each_step(monkeypatch):
     module = importlib.import_module("minitransformer.training")
     norms = []
@@ -202,22 +176,55 @@ def test_the_gradient_is_clipped_before_each_step(monkeypatch):
     assert max(norms) <= 1e-3 * (1 + 1e-4), norms
 
 
-_UNPICKLED = []
+def test_an_endless_validation_iterator_is_refused_not_read_forever():
+    model = GPT(tiny_config())
+    ids = torch.randint(12, (200,))
+    endless = random_batches(ids, batch_size=2, context_length=8,
+                             generator=torch.Generator().manual_seed(0))
+    batch = (torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="val_batches is an iterator, which may never end"):
+        train(model, [batch], steps=2, lr=1e-3, val_batches=endless, progress=False)
 
 
-def _ran_while_unpickling():
-    _UNPICKLED.append(True)
-    return {}
+def test_eval_batches_takes_a_fixed_set_from_an_iterator():
+    torch.manual_seed(0)
+    model = GPT(tiny_config())
+    ids = torch.randint(12, (200,))
+    endless = random_batches(ids, batch_size=2, context_length=8,
+                             generator=torch.Generator().manual_seed(0))
+    again = random_batches(ids, batch_size=2, context_length=8,
+                           generator=torch.Generator().manual_seed(0))
+    first_three = [next(again) for _ in range(3)]
+    batch = (torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
+    history = train(model, [batch], steps=2, lr=1e-3, val_batches=endless, eval_batches=3,
+                    eval_every=1, progress=False)
+    assert history.val_losses[-1] == pytest.approx(evaluate(model, first_three), abs=1e-6)
+    with pytest.raises(ValueError, match="fewer than eval_batches=5"):
+        train(model, [batch], steps=2, lr=1e-3, val_batches=[batch] * 4, eval_batches=5,
+              progress=False)
+    with pytest.raises(ValueError, match="eval_batches needs val_batches"):
+        train(model, [batch], steps=2, lr=1e-3, eval_batches=5, progress=False)
 
 
-class _CodeInAFile:
-    def __reduce__(self):
-        return (_ran_while_unpickling, ())
+def test_a_warm_up_longer_than_the_run_is_refused():
+    model = GPT(tiny_config())
+    batch = (torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="warmup_steps=50 is more than steps=2"):
+        train(model, [batch], steps=2, lr=1e-3, warmup_steps=50, progress=False)
+    history = train(model, [batch], steps=2, lr=1e-3, warmup_steps=2, progress=False)
+    assert max(history.learning_rates) == pytest.approx(1e-3)
 
 
-def test_loading_runs_no_code_from_the_file(tmp_path):
-    path = tmp_path / "not_weights.pt"
-    torch.save(_CodeInAFile(), path)
-    with pytest.raises(Exception):
-        load_model(GPT(tiny_config()), path)
-    assert _UNPICKLED == [], "load_model unpickled arbitrary code (weights_only must be True)"
+def test_training_ignores_targets_of_minus_100():
+    torch.manual_seed(0)
+    model = GPT(tiny_config())
+    idx = torch.randint(12, (2, 8))
+    targets = idx.clone()
+    targets[:, :4] = -100
+    _, loss = model(idx, targets)
+    logits, _ = model(idx)
+    expected = torch.nn.functional.cross_entropy(logits[:, 4:].flatten(0, 1),
+                                                 idx[:, 4:].flatten())
+    torch.testing.assert_close(loss, expected)
+    with pytest.raises(ValueError, match="every position of targets is -100"):
+        model(idx, torch.full_like(idx, -100))

@@ -1,0 +1,238 @@
+"""Models as directories that other tools read: ``config.json`` and ``model.safetensors``
+(chapters 9 and 13).
+
+A saved model is a folder of two files. ``config.json`` holds the sizes the model is built from;
+``model.safetensors`` holds its tensors by name, in the safetensors format: a JSON header and
+raw numbers, nothing that runs code when it is read (a pickle can). This is the layout of
+Hugging Face's ``from_pretrained``/``save_pretrained``.
+
+The names in a checkpoint need not be ours. A :class:`Rename` row says which of our tensors is
+which of theirs, and how to turn one into the other; a model's whole correspondence is a list of
+rows, and one pair of functions, :func:`to_theirs` and :func:`to_ours`, reads any such table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+# "gpt2" or "openai-community/gpt2": a name on the Hugging Face Hub, not a path
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+class Rename(NamedTuple):
+    """One row of a name table: our tensor(s) and theirs.
+
+    ``ours`` is one name, or several that are stored side by side in one tensor of theirs
+    (GPT-2's ``c_attn`` holds the query, key and value weights: three of ours, concatenated
+    along the output dimension). ``"{i}"`` in a name stands for a layer's number.
+    ``transpose`` says that their weight is stored ``(in, out)``, ours ``(out, in)``.
+    """
+
+    ours: str | tuple[str, ...]
+    theirs: str
+    transpose: bool = False
+
+    def layers(self, num_layers: int) -> list[Rename]:
+        """The row for each layer (or the row itself when it has no ``{i}``)."""
+        if "{i}" not in self.theirs:
+            return [self]
+        names = (self.ours,) if isinstance(self.ours, str) else self.ours
+        return [Rename(tuple(n.format(i=i) for n in names) if len(names) > 1
+                       else names[0].format(i=i), self.theirs.format(i=i), self.transpose)
+                for i in range(num_layers)]
+
+
+def _rows(table: Iterable[Rename], num_layers: int) -> list[Rename]:
+    return [row for entry in table for row in entry.layers(num_layers)]
+
+
+def their_names(table: Iterable[Rename], num_layers: int) -> dict[str, str]:
+    """Each of our tensor names and the name of the tensor of theirs that holds it."""
+    return {name: row.theirs for row in _rows(table, num_layers)
+            for name in ((row.ours,) if isinstance(row.ours, str) else row.ours)}
+
+
+def to_theirs(state: Mapping[str, Tensor], table: Iterable[Rename],
+              num_layers: int) -> dict[str, Tensor]:
+    """Our state dict under their names: parts concatenated, ``(in, out)`` weights transposed.
+    Every tensor is a contiguous copy, so tied weights are stored once, under one name."""
+    out = {}
+    for row in _rows(table, num_layers):
+        names = (row.ours,) if isinstance(row.ours, str) else row.ours
+        tensor = torch.cat([state[n] for n in names], dim=0)  # the parts along their outputs
+        out[row.theirs] = (tensor.t() if row.transpose else tensor).contiguous()
+    return out
+
+
+def to_ours(tensors: Mapping[str, Tensor], table: Iterable[Rename], num_layers: int, *,
+            source: str) -> dict[str, Tensor]:
+    """Their tensors under our names: the inverse of :func:`to_theirs`. ``source`` names the
+    file in messages.
+
+    Raises:
+        ValueError: a tensor the table needs is missing, or a fused tensor does not split into
+            equal parts.
+    """
+    out = {}
+    for row in _rows(table, num_layers):
+        if row.theirs not in tensors:
+            raise ValueError(f"{source} has no tensor {row.theirs!r}")
+        tensor = tensors[row.theirs]
+        tensor = tensor.t() if row.transpose else tensor
+        if isinstance(row.ours, str):
+            out[row.ours] = tensor
+            continue
+        if tensor.shape[0] % len(row.ours):
+            raise ValueError(f"{source}: {row.theirs} of shape {tuple(tensors[row.theirs].shape)} "
+                             f"does not split into {len(row.ours)} equal parts")
+        out.update(zip(row.ours, tensor.chunk(len(row.ours), dim=0)))
+    return out
+
+
+def unique_state(model: nn.Module) -> dict[str, Tensor]:
+    """``model.state_dict()`` with each tied tensor once, under its first name: safetensors
+    refuses to store two names of one memory."""
+    seen: set[int] = set()
+    state = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            state[name] = tensor.detach()
+    return state
+
+
+def load_state(model: nn.Module, state: Mapping[str, Tensor], *, source: str,
+               theirs: Mapping[str, str] | None = None) -> None:
+    """Copy ``state`` into ``model``'s parameters and buffers, after checking every shape.
+
+    ``state`` must hold each of the model's tensors; of tied tensors one name is enough.
+    ``theirs`` maps our names to the file's, for the messages.
+
+    Raises:
+        ValueError: a tensor missing, or one whose shape differs, naming the first such
+            tensor and both shapes (``source`` names the file).
+    """
+    ours = model.state_dict(keep_vars=True)
+    seen: dict[int, str] = {}
+    for name, target in ours.items():
+        first = seen.setdefault(id(target), name)            # a tied tensor: its first name
+        value = state.get(name, state.get(first))
+        called = name if theirs is None else f"{theirs.get(name, name)} (our {name})"
+        if value is None:
+            raise ValueError(f"{source} has no tensor for {called}")
+        if value.shape != target.shape:
+            raise ValueError(f"{source} does not fit its config: {called} has shape "
+                             f"{tuple(value.shape)} in the file, {tuple(target.shape)} in the "
+                             f"model the config describes")
+    with torch.no_grad():
+        for name, target in ours.items():
+            target.copy_(state.get(name, state.get(seen[id(target)])))
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """The directory ``path`` names: an existing folder, or else a Hugging Face repo id
+    (``"gpt2"``) downloaded with ``huggingface_hub`` when it is installed (the ``hub`` extra).
+
+    Raises:
+        TypeError: ``path`` is not a string or path.
+        ValueError: ``path`` is a file, not a directory.
+        FileNotFoundError: no such directory, and it cannot be downloaded (the message says how
+            to get it by hand). Offline (``HF_HUB_OFFLINE=1``) the download fails at once.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    folder = Path(path)
+    if folder.is_dir():
+        return folder
+    if folder.exists():
+        raise ValueError(f"{folder} is a file; a checkpoint is a directory holding "
+                         f"{CONFIG_FILE} and {WEIGHTS_FILE}")
+    name = os.fspath(path)
+    if not _REPO_ID.fullmatch(name):
+        raise FileNotFoundError(f"no such directory: {name}")
+    by_hand = (f"download {CONFIG_FILE} and {WEIGHTS_FILE} of {name!r} from the Hugging Face Hub "
+               f"into a folder and pass its path")
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise FileNotFoundError(f"no directory {name!r}, and huggingface_hub is not installed "
+                                f"(pip install 'minitransformer[hub]'); or {by_hand}") from None
+    try:
+        return Path(huggingface_hub.snapshot_download(
+            name, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, "*.json", "merges.txt"]))
+    except Exception as exc:  # offline, no such repo, no network: all the same to the user
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FileNotFoundError(f"could not download {name!r} ({reason}); {by_hand}") from None
+
+
+def read_checkpoint(folder: Path) -> tuple[dict, dict[str, Tensor]]:
+    """``(config, tensors)`` of a checkpoint directory, on the CPU.
+
+    Raises:
+        FileNotFoundError: a file is missing (a pickle such as ``pytorch_model.bin`` is not
+            read: it can run code).
+        ValueError: ``config.json`` is not a JSON object, or ``model.safetensors`` is not a
+            safetensors file (truncated, corrupt, or another format); the message names it.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    for file in (config_path, weights_path):
+        if not file.is_file():
+            pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(
+                p.name for p in folder.glob("*.pt"))
+            hint = (f" ({', '.join(pickles)} may hold the weights as a pickle, which this "
+                    f"package never loads: it can run code)") if pickles else ""
+            raise FileNotFoundError(f"{file} does not exist{hint}")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{config_path} is not a JSON file ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
+    try:
+        tensors = load_file(weights_path, device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{weights_path} is not a readable safetensors file ({exc})") from None
+    return config, tensors
+
+
+def write_checkpoint(folder: str | os.PathLike, config: dict, tensors: dict[str, Tensor]) -> None:
+    """Write ``config.json`` and ``model.safetensors`` into ``folder`` (created if needed).
+    Each file is written under a temporary name and then renamed, so a reader never sees half a
+    file."""
+    from safetensors.torch import save_file
+
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(folder).__name__}")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file; save_pretrained writes a directory")
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+    tmp = folder / (WEIGHTS_FILE + ".tmp")
+    save_file(weights, tmp, metadata={"format": "pt"})
+    os.replace(tmp, folder / WEIGHTS_FILE)
+    tmp = folder / (CONFIG_FILE + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, folder / CONFIG_FILE)
+
+
+def checkpoint_dtype(tensors: Mapping[str, Tensor]) -> torch.dtype:
+    """The floating dtype the checkpoint's tensors are stored in (``from_pretrained`` keeps it
+    when no ``dtype`` is asked for, as transformers 5 does)."""
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(dtypes) > 1:
+        raise ValueError(f"the checkpoint mixes floating dtypes {sorted(map(str, dtypes))}")
+    return dtypes.pop() if dtypes else torch.float32

@@ -325,3 +325,25 @@ def test_every_mistake_answers_case_2_differently(checker):
     reference = round(float(checker.reference(*args)), 9)
     distinct = [a for a in answers if a != reference]
     assert len(set(distinct)) == len(distinct), dict(zip(checker.mistakes, answers))
+
+
+# --- mistakes found by a learner's review of chapters 8-12 (issue 25) ------------------------
+
+@pytest.mark.parametrize("batched, hint", [
+    (False, "Hint: add the token vectors too: the positions say where each new token stands, "
+            "token_table[idx] (B, T, d_model) says which token it is, and the sum keeps the "
+            "batch dimension (the (T, d_model) positions broadcast over it)\n"),
+    (True, "Hint: add the token vectors too: the positions say where each new token stands, "
+           "token_table[idx] says which token it is; the input vector is their sum\n"),
+], ids=["(T, d_model)", "(B, T, d_model)"])
+def test_offset_with_the_positions_only(batched, hint, capsys):
+    # learner review (issue 25): the positions alone, offset right, got no hint
+    def positions_only(idx, token_table, position_table, past_len):
+        positions = torch.arange(past_len, past_len + idx.shape[1])
+        vectors = position_table[positions]                          # (T, d_model)
+        return vectors.expand(idx.shape[0], -1, -1) if batched else vectors
+
+    assert not check_position_offset(positions_only)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input ([[3]], ")
+    assert out.endswith(hint)

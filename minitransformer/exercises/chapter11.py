@@ -139,6 +139,14 @@ check_position_offset = Checker(
         "its id: index position_table with positions, token_table with idx":
             lambda idx, tok, pos, past: tok[idx] + pos[idx],
         "add the position vectors to the token vectors": lambda idx, tok, pos, past: tok[idx],
+        "add the token vectors too: the positions say where each new token stands, "
+        "token_table[idx] (B, T, d_model) says which token it is, and the sum keeps the "
+        "batch dimension (the (T, d_model) positions broadcast over it)":
+            lambda idx, tok, pos, past: pos[past:past + idx.shape[1]],
+        "add the token vectors too: the positions say where each new token stands, "
+        "token_table[idx] says which token it is; the input vector is their sum":
+            lambda idx, tok, pos, past: pos[past:past + idx.shape[1]].expand(
+                idx.shape[0], -1, -1),
     },
 )
 

@@ -159,6 +159,19 @@ def is_command(sentence: str | Sequence[str]) -> bool:
     return False
 
 
+def _check_sentences(name: str, sentences: object) -> None:
+    """A list (or other sequence) of sentences, each a string."""
+    if isinstance(sentences, str) or not isinstance(sentences, Sequence):
+        raise TypeError(f"{name} must be a list of sentences (strings), got "
+                        f"{type(sentences).__name__}")
+    for i, sentence in enumerate(sentences):
+        _checks.check_type(f"{name}[{i}]", sentence, str, "a str")
+
+
+def _check_vocab(name: str, vocab: object) -> None:
+    _checks.check_type(name, vocab, Vocabulary, "a Vocabulary")
+
+
 def token_stream(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS,
                  device: torch.device | str | None = None) -> Tensor:
     """All sentences as one long tensor of token ids, each followed by ``eos``.
@@ -167,8 +180,8 @@ def token_stream(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS,
         long tensor of shape ``(total tokens,)`` on ``device`` (default: the CPU):
         ``s1 <eos> s2 <eos> ...``.
     """
-    if isinstance(sentences, str):
-        raise TypeError("sentences must be a list of sentences, not a single string")
+    _check_sentences("sentences", sentences)
+    _check_vocab("vocab", vocab)
     end = vocab.index(eos)
     ids = [i for sentence in sentences for i in [*vocab.encode(sentence), end]]
     return torch.tensor(ids, dtype=torch.long, device=device or "cpu")
@@ -243,6 +256,10 @@ def cue_batch(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS,
         the column of *ran*; ``cue`` ``(B,)`` the id of the right next word; ``distance``
         ``(B,)`` how many words before *ran* the far word sits.
     """
+    _check_sentences("sentences", sentences)
+    _check_vocab("vocab", vocab)
+    if not sentences:
+        raise ValueError("cue_batch needs at least one sentence")
     end = vocab.index(eos)
     rows, positions, cues, distances = [], [], [], []
     for sentence in sentences:
@@ -404,8 +421,18 @@ def translation_batch(pairs: Sequence[tuple[str, str]], src_vocab: Vocabulary,
     the same sentence shifted by one, for teacher forcing. All three are long tensors on
     ``device`` (default: the CPU); ``tgt_in`` and ``targets`` have the same shape.
     """
-    if isinstance(pairs, str) or not pairs:
+    if isinstance(pairs, str) or not isinstance(pairs, Sequence):
+        raise TypeError(f"pairs must be a list of (source, target) sentences, got "
+                        f"{type(pairs).__name__}")
+    if not pairs:
         raise ValueError("pairs must be a non-empty list of (source, target) sentences")
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+                and all(isinstance(side, str) for side in pair)):
+            raise TypeError(f"pairs[{i}] must be a (source, target) pair of strings, got "
+                            f"{pair!r:.60}")
+    _check_vocab("src_vocab", src_vocab)
+    _check_vocab("tgt_vocab", tgt_vocab)
     pad, bos, eos = (tgt_vocab.index(token) for token in TRANSLATION_SPECIALS)
     sources = [src_vocab.encode(source) for source, _ in pairs]
     targets = [tgt_vocab.encode(target) for _, target in pairs]

@@ -358,13 +358,16 @@ class GPT(nn.Module):
 
     def embed(self, idx: Tensor, *, offset: int = 0) -> Tensor:
         """Token vectors plus position vectors (then dropout), ``(B, T)`` ids -> ``(B, T,
-        d_model)``; ``offset`` is the position of the first column. Unchecked: call with ids
-        that :meth:`forward` would accept.
+        d_model)``; ``offset`` is the position of the first column. ``idx`` is checked as
+        :meth:`forward` checks it (forward, which calls this method, so that a subclass may
+        change it, thus checks its ids twice: two reductions of a ``(B, T)`` tensor).
 
         Chapter 5's sinusoidal encoding has entries up to 1, fifty times the token vectors at
         initialisation (std ``INIT_STD``): added as it is, it drowns the words, and a model
         trained as in chapter 9 never learned the cue (20% after 600 steps, against 100% with
         the encoding scaled by ``INIT_STD``). So it is scaled to the embeddings' size."""
+        self._check_input(idx, None)
+        _checks.check_int("offset", offset, low=0)
         return _dropout(self.dropout, self._embed(idx, offset))
 
     def _embed(self, idx: Tensor, offset: int) -> Tensor:

@@ -127,6 +127,7 @@ def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     _checks.check_int("steps", steps)
+    _checks.check_type("progress", progress, bool, "True or False")
     lr = _checks.check_number("lr", lr, positive=True)
     _checks.check_int("eval_every", eval_every)
     warmup_steps = (max(1, min(100, steps // 10)) if warmup_steps is None
@@ -205,6 +206,10 @@ def evaluate(model: nn.Module, batches: Iterable[tuple]) -> float:
     """The mean loss of ``model`` over ``batches``, in eval mode (no dropout), each batch
     weighted by its size (the first dimension of its first tensor). The model's mode is
     restored afterwards."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(batches, (str, bytes)) or not isinstance(batches, Iterable):
+        raise TypeError(f"batches must be an iterable of batches, got {type(batches).__name__}")
     total, count = 0.0, 0
     with eval_mode(model):
         for batch in batches:

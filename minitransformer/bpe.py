@@ -18,6 +18,11 @@ With a ``pattern`` (a regular expression, for example ``GPT2_PATTERN``) the text
 split into pieces, and merges never cross a piece boundary. Text the pattern does not match is
 kept as pieces of its own, so nothing is ever lost.
 
+GPT-2's own files (``vocab.json``, ``merges.txt``; chapter 13) name tokens by their bytes written
+with ``bytes_to_unicode`` and number them in their own order. ``BPETokenizer.from_pretrained``
+reads them into the chapter's ids (0..255 the bytes, 256 + k merge k) plus a table ``file_ids``
+from those ids to the file's; ``save_pretrained`` writes them back.
+
 This module imports nothing else of the package but the shared argument checks.
 """
 
@@ -42,8 +47,9 @@ Pair = tuple[int, int]
 Merge = tuple[Pair, int]
 
 _FORMAT = "minitransformer.bpe"
-_FORMAT_VERSION = 1
+_FORMAT_VERSIONS = (1, 2)  # 2 adds special tokens and file ids; plain tokenizers still write 1
 _CACHE_LIMIT = 100_000
+VOCAB_FILE, MERGES_FILE, CONFIG_FILE = "vocab.json", "merges.txt", "tokenizer_config.json"
 
 
 # ----- the algorithm, as the chapter writes it -------------------------------------------------
@@ -218,15 +224,24 @@ def _encode_by_rank(ids: list[int], ranks: dict[Pair, int]) -> list[int]:
 # ----- the tokenizer ----------------------------------------------------------------------------
 
 class BPETokenizer:
-    """A byte-level BPE tokenizer: 256 byte tokens, then one token per merge.
+    """A byte-level BPE tokenizer: 256 byte tokens, then one token per merge, then the special
+    tokens.
 
     Build one with ``train``, from a merge table (``BPETokenizer(merges, pattern=...)``),
-    or with ``load``. ``decode(encode(s)) == s`` for every string ``s``. Decoding ids whose
-    bytes are not valid UTF-8 (a token sequence cut in the middle of a character) puts U+FFFD
-    in their place, as GPT-2 does, instead of raising.
+    with ``load``, or from GPT-2's files with ``from_pretrained``. ``decode(encode(s)) == s``
+    for every string ``s``. Decoding ids whose bytes are not valid UTF-8 (a token sequence cut
+    in the middle of a character) puts U+FFFD in their place, as GPT-2 does, instead of raising.
+
+    ``merges`` always uses the chapter's ids: 0..255 are the bytes, merge ``k`` makes
+    ``256 + k``, special token ``j`` is ``256 + len(merges) + j``. ``encode``, ``decode``,
+    ``token_bytes`` and ``special_tokens`` use the ids a model sees: the same ones, or, when
+    ``file_ids`` is given (``from_pretrained`` gives GPT-2's order), ``file_ids[i]`` for the
+    chapter's id ``i``.
     """
 
-    def __init__(self, merges: Iterable[Merge] = (), *, pattern: str | None = None) -> None:
+    def __init__(self, merges: Iterable[Merge] = (), *, pattern: str | None = None,
+                 special_tokens: Iterable[str] = (),
+                 file_ids: Sequence[int] | None = None) -> None:
         self.merges: tuple[Merge, ...] = _checked_merges(merges)
         self.pattern = pattern
         self._splitter = _compile(pattern)
@@ -234,31 +249,68 @@ class BPETokenizer:
         self._bytes = [bytes([b]) for b in range(256)]
         for (first, second), _ in self.merges:
             self._bytes.append(self._bytes[first] + self._bytes[second])
+        specials = _checked_special_tokens(special_tokens)
+        self._bytes.extend(s.encode("utf-8") for s in specials)
+        self.file_ids = _checked_file_ids(file_ids, len(self._bytes))
+        to_file = self.file_ids or range(len(self._bytes))
+        first_special = 256 + len(self.merges)
+        self.special_tokens: dict[str, int] = {
+            s: to_file[first_special + j] for j, s in enumerate(specials)}
+        self._special_splitter = None if not specials else regex.compile(
+            "|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True)))
+        self._token_bytes = list(self._bytes)  # by the ids a model sees
+        for i, b in enumerate(self._bytes):
+            self._token_bytes[to_file[i]] = b
         self._cache: dict[bytes, list[int]] = {}
 
     @classmethod
-    def train(cls, text: str, vocab_size: int, *, pattern: str | None = None) -> BPETokenizer:
-        """Learn ``vocab_size - 256`` merges from ``text`` (fewer if no pair repeats).
+    def train(cls, text: str, vocab_size: int, *, pattern: str | None = None,
+              special_tokens: Iterable[str] = ()) -> BPETokenizer:
+        """Learn ``vocab_size - 256 - len(special_tokens)`` merges from ``text`` (fewer if no
+        pair repeats). The special tokens' text in ``text`` is left out of the pieces.
 
         Raises ``TypeError`` for a non-string text or pattern or a non-int size, and
-        ``ValueError`` for ``vocab_size < 256`` or a pattern that does not compile.
+        ``ValueError`` for a ``vocab_size`` too small for the bytes and special tokens, a
+        pattern that does not compile, or pieces too short to hold any pair to merge.
         """
         check_type("text", text, str, "a str")
-        check_int("vocab_size", vocab_size, low=256)
+        specials = _checked_special_tokens(special_tokens)
+        check_int("vocab_size", vocab_size, low=256 + len(specials))
         splitter = _compile(pattern)
-        pieces = [piece.encode("utf-8") for piece in _split(text, splitter)]
-        merges = train_merges_incremental(pieces, vocab_size - 256)
-        return cls(merges, pattern=pattern)
+        pieces = [piece.encode("utf-8")
+                  for part, special in _split_special(text, specials) if not special
+                  for piece in _split(part, splitter)]
+        num_merges = vocab_size - 256 - len(specials)
+        if num_merges and not any(len(piece) > 1 for piece in pieces):
+            raise ValueError(f"no pair to merge: {_why_no_pairs(text, pattern)}, so none of "
+                             f"the {num_merges} merges that vocab_size={vocab_size} asks for "
+                             f"can be learned")
+        merges = train_merges_incremental(pieces, num_merges)
+        return cls(merges, pattern=pattern, special_tokens=specials)
 
     def __len__(self) -> int:
-        """The vocabulary size: 256 bytes plus one token per merge."""
-        return 256 + len(self.merges)
+        """The vocabulary size: 256 bytes, one token per merge, the special tokens."""
+        return len(self._bytes)
 
-    def encode(self, text: str) -> list[int]:
-        """The token ids of ``text``."""
+    def encode(self, text: str, *, split_special_tokens: bool = False) -> list[int]:
+        """The token ids of ``text``.
+
+        A special token's text in ``text`` becomes its id, and the text around it is encoded
+        on its own, as transformers does; ``split_special_tokens=True`` encodes it as ordinary
+        text (tiktoken's ``encode_ordinary``).
+        """
         check_type("text", text, str, "a str")
+        check_type("split_special_tokens", split_special_tokens, bool, "a bool")
+        if split_special_tokens or self._special_splitter is None:
+            return self._encode_ordinary(text)
+        ids = []
+        for part, special in _split_special(text, self.special_tokens, self._special_splitter):
+            ids.extend([self.special_tokens[part]] if special else self._encode_ordinary(part))
+        return ids
+
+    def _encode_ordinary(self, text: str) -> list[int]:
         if self._splitter is None:
-            return _encode_by_rank(list(text.encode("utf-8")), self._ranks)
+            return self._to_file(_encode_by_rank(list(text.encode("utf-8")), self._ranks))
         ids = []
         for piece in _split(text, self._splitter):
             data = piece.encode("utf-8")
@@ -266,9 +318,13 @@ class BPETokenizer:
             if cached is None:
                 if len(self._cache) >= _CACHE_LIMIT:
                     self._cache.clear()
-                cached = self._cache[data] = _encode_by_rank(list(data), self._ranks)
+                cached = self._cache[data] = self._to_file(
+                    _encode_by_rank(list(data), self._ranks))
             ids.extend(cached)
         return ids
+
+    def _to_file(self, ids: list[int]) -> list[int]:
+        return ids if self.file_ids is None else [self.file_ids[i] for i in ids]
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of a list of ids; ids outside ``[0, len(self))`` are a ``ValueError``."""
@@ -277,7 +333,7 @@ class BPETokenizer:
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         """The raw bytes of a list of ids."""
         check_type("ids", ids, (list, tuple), "a list of ints (use .tolist() on a tensor)")
-        table = self._bytes
+        table = self._token_bytes
         for k, i in enumerate(ids):
             check_int(f"ids[{k}]", i, low=0)
             if i >= len(table):
@@ -287,16 +343,21 @@ class BPETokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for, e.g. ``b' the'``."""
         check_int("token_id", token_id, low=0)
-        if token_id >= len(self._bytes):
+        if token_id >= len(self._token_bytes):
             raise ValueError(f"token_id is {token_id}, outside the vocabulary "
-                             f"[0, {len(self._bytes)})")
-        return self._bytes[token_id]
+                             f"[0, {len(self._token_bytes)})")
+        return self._token_bytes[token_id]
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the merges and the pattern to ``path`` as JSON."""
+        """Write the merges, the pattern, the special tokens and the file ids to ``path`` as
+        JSON."""
         check_type("path", path, (str, os.PathLike), "a str or path")
-        data = {"format": _FORMAT, "version": _FORMAT_VERSION, "pattern": self.pattern,
+        specials = list(self.special_tokens)
+        data = {"format": _FORMAT, "version": 2 if specials or self.file_ids else 1,
+                "pattern": self.pattern,
                 "merges": [[first, second, new_id] for (first, second), new_id in self.merges]}
+        if data["version"] == 2:
+            data.update(special_tokens=specials, file_ids=self.file_ids)
         with open(path, "w", encoding="utf-8") as f:
             json.dump(data, f)
             f.write("\n")
@@ -305,18 +366,14 @@ class BPETokenizer:
     def load(cls, path: str | os.PathLike) -> BPETokenizer:
         """Read a tokenizer written by ``save``; anything else is a ``ValueError``."""
         check_type("path", path, (str, os.PathLike), "a str or path")
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise ValueError(f"{path} is not a BPE tokenizer file: not JSON ({error})") \
-                    from None
+        data = _read_json(path, "a BPE tokenizer file")
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError(f"{path} is not a BPE tokenizer file: no \"format\": "
                              f"\"{_FORMAT}\" entry")
-        if data.get("version") != _FORMAT_VERSION:
-            raise ValueError(f"{path} has format version {data.get('version')!r}, this code "
-                             f"reads version {_FORMAT_VERSION}")
+        version = data.get("version")
+        if type(version) is not int or version not in _FORMAT_VERSIONS:
+            raise ValueError(f"{path} has format version {version!r}, this code reads versions "
+                             f"{', '.join(map(str, _FORMAT_VERSIONS))}")
         merges = data.get("merges")
         if not isinstance(merges, list) or not all(
                 isinstance(m, list) and len(m) == 3 for m in merges):
@@ -325,21 +382,116 @@ class BPETokenizer:
         pattern = data.get("pattern")
         if pattern is not None and not isinstance(pattern, str):
             raise ValueError(f"{path} is corrupt: \"pattern\" must be a string or null")
+        specials, file_ids = data.get("special_tokens", []), data.get("file_ids")
+        if version == 1 and ("special_tokens" in data or "file_ids" in data):
+            raise ValueError(f"{path} is corrupt: version 1 has no special tokens or file ids")
         try:
-            return cls([((a, b), new_id) for a, b, new_id in merges], pattern=pattern)
+            return cls([((a, b), new_id) for a, b, new_id in merges], pattern=pattern,
+                       special_tokens=specials, file_ids=file_ids)
         except (TypeError, ValueError) as error:
             raise ValueError(f"{path} is corrupt: {error}") from None
+
+    # ----- GPT-2's files (chapter 13) ---------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> BPETokenizer:
+        """Read GPT-2's tokenizer files from the directory ``path``: ``vocab.json`` (token name
+        -> id, names written with ``bytes_to_unicode``) and ``merges.txt`` (an optional
+        ``#version`` line, then one merge per line, ``first second``, earliest first).
+
+        The pattern is ``GPT2_PATTERN``. Each entry of ``vocab.json`` that is neither a byte
+        nor made by a merge, such as ``<|endoftext|>``, is a special token. The ids are the
+        file's, in any order. Splitting text into pieces uses the ``regex`` module's Unicode
+        tables; transformers' (Oniguruma) may know fewer characters, so text with characters
+        added to Unicode since can split differently.
+
+        Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for
+        one that is not GPT-2's format, for example a merge of a token not in ``vocab.json``.
+        """
+        check_type("path", path, (str, os.PathLike), "a str or path")
+        vocab_path = os.path.join(path, VOCAB_FILE)
+        merges_path = os.path.join(path, MERGES_FILE)
+        for file in (vocab_path, merges_path):
+            if not os.path.isfile(file):
+                raise FileNotFoundError(
+                    2, f"no {os.path.basename(file)} in {os.fspath(path)!r} (a GPT-2 tokenizer "
+                    f"directory holds {VOCAB_FILE} and {MERGES_FILE}; download GPT-2's with "
+                    f"huggingface_hub.snapshot_download(\"openai-community/gpt2\"))", file)
+        vocab = _read_vocab(vocab_path)
+        own = _own_ids_of_bytes(vocab, vocab_path)  # token name -> the chapter's id
+        merges = []
+        for line_no, first, second in _read_merge_lines(merges_path):
+            where = f"{merges_path} line {line_no} ({first} {second})"
+            for name in (first, second, first + second):
+                if name not in vocab:
+                    raise ValueError(f"{where}: {name!r} is not in {vocab_path}")
+            for name in (first, second):
+                if name not in own:
+                    raise ValueError(f"{where}: {name!r} is made by no earlier line")
+            if first + second in own:
+                raise ValueError(f"{where}: {first + second!r} is already made by an earlier "
+                                 f"line; each token must be made once")
+            own[first + second] = 256 + len(merges)
+            merges.append(((own[first], own[second]), 256 + len(merges)))
+        specials = sorted((i, name) for name, i in vocab.items() if name not in own)
+        file_ids = [vocab[name] for name in own] + [i for i, _ in specials]
+        try:
+            return cls(merges, pattern=GPT2_PATTERN,
+                       special_tokens=[name for _, name in specials], file_ids=file_ids)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{vocab_path} and {merges_path} do not make a tokenizer: "
+                             f"{error}") from None
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write GPT-2's files to the directory ``path`` (created if needed): ``vocab.json``,
+        ``merges.txt`` and the ``tokenizer_config.json`` that
+        ``transformers.AutoTokenizer.from_pretrained(path)`` reads, declaring this tokenizer's
+        special tokens and no others (``<|endoftext|>``, when there, as GPT-2's end of text).
+
+        Only a tokenizer with ``pattern=GPT2_PATTERN`` can be written: transformers splits text
+        with GPT-2's pattern before merging. Raises ``ValueError`` for another pattern and for
+        two tokens that ``vocab.json`` would give the same name.
+        """
+        check_type("path", path, (str, os.PathLike), "a str or path")
+        if self.pattern != GPT2_PATTERN:
+            shown = "None" if self.pattern is None else repr(self.pattern)
+            raise ValueError(f"only a tokenizer with pattern=GPT2_PATTERN can be written as "
+                             f"GPT-2's files (transformers splits text with that pattern); this "
+                             f"one has pattern={shown}")
+        char = bytes_to_unicode()
+        names = ["".join(char[b] for b in data) for data in self._bytes[:256 + len(self.merges)]]
+        names += list(self.special_tokens)
+        ids = self.file_ids or range(len(names))
+        vocab: dict[str, int] = {}
+        for own_id, name in enumerate(names):
+            if name in vocab:
+                raise ValueError(f"tokens {vocab[name]} and {ids[own_id]} would both be named "
+                                 f"{name!r} in {VOCAB_FILE}: GPT-2's files cannot hold both")
+            vocab[name] = ids[own_id]
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, VOCAB_FILE), "w", encoding="utf-8") as f:
+            json.dump(dict(sorted(vocab.items(), key=lambda item: item[1])), f,
+                      ensure_ascii=False)
+        with open(os.path.join(path, MERGES_FILE), "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n")
+            f.writelines(f"{names[a]} {names[b]}\n" for (a, b), _ in self.merges)
+        with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
+            json.dump(_transformers_config(self.special_tokens), f, indent=2)
+            f.write("\n")
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BPETokenizer):
             return NotImplemented
-        return self.merges == other.merges and self.pattern == other.pattern
+        return (self.merges == other.merges and self.pattern == other.pattern
+                and list(self.special_tokens.items()) == list(other.special_tokens.items())
+                and self.file_ids == other.file_ids)
 
     __hash__ = None  # equal by content, so not hashable
 
     def __repr__(self) -> str:
         pattern = "GPT2_PATTERN" if self.pattern == GPT2_PATTERN else repr(self.pattern)
-        return f"BPETokenizer(vocab_size={len(self)}, pattern={pattern})"
+        specials = f", special_tokens={list(self.special_tokens)}" if self.special_tokens else ""
+        return f"BPETokenizer(vocab_size={len(self)}, pattern={pattern}{specials})"
 
 
 def _checked_merges(merges: Iterable[Merge]) -> tuple[Merge, ...]:
@@ -348,17 +500,18 @@ def _checked_merges(merges: Iterable[Merge]) -> tuple[Merge, ...]:
     check_type("merges", merges, Iterable, "an iterable of ((first, second), new_id)")
     checked = []
     for k, merge in enumerate(merges):
-        try:
-            (first, second), new_id = merge
-        except (TypeError, ValueError):
-            raise TypeError(f"merges[{k}] must be ((first, second), new_id), got "
-                            f"{merge!r}") from None
+        if not (isinstance(merge, (tuple, list)) and len(merge) == 2
+                and isinstance(merge[0], (tuple, list)) and len(merge[0]) == 2):
+            raise TypeError(f"merges[{k}] must be ((first, second), new_id), got {merge!r}")
+        (first, second), new_id = merge
         expected = 256 + k
-        check_int(f"merges[{k}] new_id", new_id, low=expected)
-        if new_id != expected:
-            raise ValueError(f"merges[{k}] must create id {expected}, got {new_id}")
+        if type(new_id) is not int or new_id != expected:  # plain ints skip the slow check
+            check_int(f"merges[{k}] new_id", new_id, low=expected)
+            if new_id != expected:
+                raise ValueError(f"merges[{k}] must create id {expected}, got {new_id}")
         for name, value in (("first", first), ("second", second)):
-            check_int(f"merges[{k}] {name}", value, low=0)
+            if type(value) is not int or value < 0:
+                check_int(f"merges[{k}] {name}", value, low=0)
             if value >= new_id:
                 raise ValueError(f"merges[{k}] {name} is {value}, not an earlier token "
                                  f"(below {new_id})")
@@ -369,13 +522,43 @@ def _checked_merges(merges: Iterable[Merge]) -> tuple[Merge, ...]:
     return tuple(checked)
 
 
+def _checked_special_tokens(special_tokens: Iterable[str]) -> list[str]:
+    if isinstance(special_tokens, (str, bytes)) or not isinstance(special_tokens, Iterable):
+        raise TypeError(f"special_tokens must be a list of str, got "
+                        f"{type(special_tokens).__name__}")
+    specials = list(special_tokens)
+    for j, s in enumerate(specials):
+        check_type(f"special_tokens[{j}]", s, str, "a str")
+        if not s:
+            raise ValueError(f"special_tokens[{j}] is empty")
+    if len(set(specials)) != len(specials):
+        raise ValueError("special_tokens must not repeat a token")
+    return specials
+
+
+def _checked_file_ids(file_ids: Sequence[int] | None, size: int) -> tuple[int, ...] | None:
+    """``file_ids`` as a tuple, each id of ``[0, size)`` once; ``None`` for the identity."""
+    if file_ids is None:
+        return None
+    check_type("file_ids", file_ids, (list, tuple), "a list of ints or None")
+    if len(file_ids) != size:
+        raise ValueError(f"file_ids must give one id per token, {size}, got {len(file_ids)}")
+    for k, i in enumerate(file_ids):
+        if type(i) is not int:
+            check_int(f"file_ids[{k}]", i, low=0)
+    if sorted(file_ids) != list(range(size)):
+        raise ValueError(f"file_ids must hold each id of [0, {size}) once")
+    file_ids = tuple(int(i) for i in file_ids)
+    return None if file_ids == tuple(range(size)) else file_ids
+
+
 def _compile(pattern: str | None) -> regex.Pattern | None:
     if pattern is None:
         return None
     check_type("pattern", pattern, str, "a str (a regular expression) or None")
     try:
         return regex.compile(pattern)
-    except regex.error as error:
+    except (regex.error, OverflowError, RecursionError) as error:
         raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {error}") \
             from None
 
@@ -394,3 +577,138 @@ def _split(text: str, splitter: regex.Pattern | None) -> list[str]:
     if end < len(text):
         pieces.append(text[end:])
     return pieces
+
+
+def _split_special(text: str, specials: Iterable[str],
+                   splitter: regex.Pattern | None = None) -> list[tuple[str, bool]]:
+    """``text`` cut around the special tokens' text, longest first: ``(part, is_special)``."""
+    if splitter is None:
+        specials = sorted(specials, key=len, reverse=True)
+        if not specials:
+            return [(text, False)]
+        splitter = regex.compile("|".join(regex.escape(s) for s in specials))
+    parts, end = [], 0
+    for match in splitter.finditer(text):
+        parts += [(text[end:match.start()], False), (match.group(), True)]
+        end = match.end()
+    return [*parts, (text[end:], False)]
+
+
+def _why_no_pairs(text: str, pattern: str | None) -> str:
+    if not text:
+        return "the text is empty"
+    if pattern is None:
+        return "the text is a single byte"
+    return "the pattern split the text into pieces of one byte each"
+
+
+# ----- GPT-2's file format -----------------------------------------------------------------------
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table from each byte to a printable character, so that a token's bytes can be
+    written as a JSON key and a ``merges.txt`` word: the 188 printable bytes (``!`` to ``~``,
+    ``¡`` to ``¬``, ``®`` to ``ÿ``) stand for themselves, the other 68 for ``chr(256)``,
+    ``chr(257)``, ... in byte order, so a space (byte 32) is ``Ġ`` and a newline ``Ċ``."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)}
+    table, others = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + others)
+            others += 1
+    return table
+
+
+def _read_json(path: str | os.PathLike, what: str) -> object:
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_repeated_keys)
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, too deep, too long
+        raise ValueError(f"{path} is not {what}: not JSON ({error})") from None
+    except _RepeatedKey as error:
+        raise ValueError(f"{path} is not {what}: the key {error.args[0]!r} appears twice") \
+            from None
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _no_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+    data = {}
+    for key, value in pairs:
+        if key in data:
+            raise _RepeatedKey(key)
+        data[key] = value
+    return data
+
+
+def _read_vocab(path: str) -> dict[str, int]:
+    """``vocab.json``: a JSON object from token name to id, the ids 0..N-1 each once."""
+    vocab = _read_json(path, "GPT-2's vocab.json")
+    if not isinstance(vocab, dict):
+        raise ValueError(f"{path} is not GPT-2's vocab.json: not a JSON object")
+    for name, i in vocab.items():
+        if not name:
+            raise ValueError(f"{path}: a token has an empty name")
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise ValueError(f"{path}: the id of {name!r} must be an int >= 0, got {i!r}")
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise ValueError(f"{path}: the ids must be 0..{len(vocab) - 1}, each once")
+    return vocab
+
+
+def _own_ids_of_bytes(vocab: dict[str, int], path: str) -> dict[str, int]:
+    """``{name: byte}`` for the 256 byte tokens, which ``vocab`` must all hold."""
+    own = {name: b for b, name in bytes_to_unicode().items()}
+    missing = [name for name in own if name not in vocab]
+    if missing:
+        raise ValueError(f"{path} has no token for {len(missing)} of the 256 bytes (the first: "
+                         f"byte {own[missing[0]]}, named {missing[0]!r}); byte-level BPE needs "
+                         f"all 256 (with tokenizers, train with initial_alphabet="
+                         f"pre_tokenizers.ByteLevel.alphabet())")
+    return own
+
+
+def _read_merge_lines(path: str) -> list[tuple[int, str, str]]:
+    """``(line number, first, second)`` for each merge of ``merges.txt``, earliest first."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not GPT-2's merges.txt: not UTF-8 ({error})") from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    merges = []
+    for line_no, line in enumerate(lines, start=1):
+        line = line.removesuffix("\r")
+        if line_no == 1 and line.startswith("#version"):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"{path} line {line_no} is not two tokens separated by one "
+                             f"space: {line!r}")
+        merges.append((line_no, *parts))
+    return merges
+
+
+def _transformers_config(special_tokens: dict[str, int]) -> dict:
+    """``tokenizer_config.json`` for transformers: GPT-2's tokenizer class, and exactly these
+    special tokens (GPT-2's class would otherwise add an ``<|endoftext|>``)."""
+    end = "<|endoftext|>" if "<|endoftext|>" in special_tokens else None
+    return {
+        "tokenizer_class": "GPT2Tokenizer",
+        "add_prefix_space": False,
+        "bos_token": end, "eos_token": end, "unk_token": end, "pad_token": None,
+        "added_tokens_decoder": {
+            str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
+                     "single_word": False, "special": True}
+            for s, i in special_tokens.items()},
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+    }

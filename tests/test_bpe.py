@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from minitransformer.bpe import (
@@ -65,8 +65,20 @@ def test_seed_example_tokenizer():
 
 def test_training_stops_when_no_pair_repeats():
     assert BPETokenizer.train("abcdef", 300).merges == ()
-    assert BPETokenizer.train("", 300).merges == ()
     assert len(BPETokenizer.train("abab", 300)) == 257  # then (256, 256) occurs only once
+
+
+@pytest.mark.parametrize("text, pattern, why", [
+    ("hello world", r"x*", "the pattern split the text into pieces of one byte each"),
+    ("ab ab", r".", "the pattern split the text into pieces of one byte each"),
+    ("", None, "the text is empty"),
+    ("", GPT2_PATTERN, "the text is empty"),
+    ("a", None, "the text is a single byte"),
+])
+def test_training_with_no_pair_to_merge_is_a_value_error(text, pattern, why):
+    with pytest.raises(ValueError, match=f"no pair to merge: {why}, so none of the 4 merges"):
+        BPETokenizer.train(text, 260, pattern=pattern)
+    assert BPETokenizer.train(text, 256, pattern=pattern).merges == ()  # none asked for
 
 
 def test_vocab_size_256_learns_nothing():
@@ -104,6 +116,12 @@ def test_text_the_pattern_does_not_match_is_kept():
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
+def has_a_pair(text, pattern):
+    import regex
+    pieces = regex.findall(pattern, text) if pattern else [text]
+    return any(len(piece.encode("utf-8")) > 1 for piece in pieces)
+
+
 # ----- round trips, determinism, the two trainers agree -----------------------------------------
 
 @pytest.fixture(scope="module")
@@ -127,6 +145,7 @@ def test_round_trip_any_text(trained, pattern, text):
 @given(text=REPETITIVE)
 @BOTH_PATTERNS
 def test_round_trip_after_training_on_the_text(pattern, text):
+    assume(has_a_pair(text, pattern))
     tokenizer = BPETokenizer.train(text, 300, pattern=pattern)
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
@@ -150,6 +169,7 @@ def test_incremental_equals_recount_on_prose(corpus_start, pattern):
 @settings(max_examples=60, deadline=None)
 @given(text=REPETITIVE)
 def test_encoding_equals_applying_merges_in_order(text):
+    assume(has_a_pair(text, None))
     tokenizer = BPETokenizer.train(text, 290)
     assert tokenizer.encode(text) == apply_merges(list(text.encode("utf-8")), tokenizer.merges)
 
@@ -205,6 +225,15 @@ def test_constructor_from_merge_table():
     ("[1, 2]", "not a BPE tokenizer file"),
     ('{"name": "gpt2"}', "not a BPE tokenizer file"),
     ('{"format": "minitransformer.bpe", "version": 99, "merges": []}', "version 99"),
+    ('{"format": "minitransformer.bpe", "version": true, "merges": []}', "version True"),
+    ('{"format": "minitransformer.bpe", "version": 1.0, "merges": []}', "version 1.0"),
+    ('{"format": "minitransformer.bpe", "version": 1, "merges": [], "file_ids": null}',
+     "version 1 has no special tokens"),
+    ('{"format": "minitransformer.bpe", "version": 2, "merges": [], "special_tokens": "<s>"}',
+     "special_tokens must be a list"),
+    ('{"format": "minitransformer.bpe", "version": 2, "merges": [], "file_ids": [0, 1]}',
+     "one id per token, 256, got 2"),
+    ("[" * 100_000, "not JSON"),
     ('{"format": "minitransformer.bpe", "version": 1, "merges": {}}', "corrupt"),
     ('{"format": "minitransformer.bpe", "version": 1, "merges": [[97, 97, 300]]}',
      "must create id 256"),
@@ -255,6 +284,13 @@ def test_vocab_size_below_256_is_a_value_error():
     (lambda: BPETokenizer().token_bytes("a"), "token_id must be an int"),
     (lambda: BPETokenizer().save(3), "path must be a str or path"),
     (lambda: BPETokenizer([(97, 97, 256)]), r"merges\[0\] must be \(\(first, second\), new_id\)"),
+    (lambda: BPETokenizer([({97, 98}, 256)]), r"merges\[0\] must be \(\(first, second\)"),
+    (lambda: BPETokenizer(special_tokens="<s>"), "special_tokens must be a list of str"),
+    (lambda: BPETokenizer(special_tokens=[b"<s>"]), r"special_tokens\[0\] must be a str"),
+    (lambda: BPETokenizer(file_ids=range(256)), "file_ids must be a list of ints"),
+    (lambda: BPETokenizer(file_ids=[0.0] * 256), r"file_ids\[0\] must be an int"),
+    (lambda: BPETokenizer().encode("a", split_special_tokens=1), "must be a bool"),
+    (lambda: BPETokenizer().save_pretrained(None), "path must be a str or path"),
 ])
 def test_wrong_types_are_type_errors(call, message):
     with pytest.raises(TypeError, match=message):
@@ -267,10 +303,113 @@ def test_wrong_types_are_type_errors(call, message):
     (lambda: BPETokenizer().decode([-1]), r"ids\[0\] must be at least 0"),
     (lambda: BPETokenizer().token_bytes(300), "outside the vocabulary"),
     (lambda: BPETokenizer([((97, 97), 256), ((97, 97), 257)]), "must not repeat a pair"),
+    (lambda: BPETokenizer(special_tokens=[""]), r"special_tokens\[0\] is empty"),
+    (lambda: BPETokenizer(special_tokens=["<s>", "<s>"]), "must not repeat a token"),
+    (lambda: BPETokenizer.train("abab", 257, special_tokens=["<s>", "</s>"]),
+     "vocab_size must be at least 258, got 257"),
+    (lambda: BPETokenizer(file_ids=[0] * 256), r"each id of \[0, 256\) once"),
+    (lambda: BPETokenizer(file_ids=[*range(1, 256), 256]), r"each id of \[0, 256\) once"),
 ])
 def test_wrong_values_are_value_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=JSON | st.binary(max_size=4) | st.tuples(JSON, JSON))
+def test_any_wrong_input_is_a_type_or_value_error(tmp_path_factory, value):
+    """No public method fails with an IndexError, KeyError, AttributeError, StopIteration, ...:
+    a wrong argument is a TypeError or a ValueError (or a missing file's FileNotFoundError)."""
+    tokenizer = BPETokenizer.train("aaabdaaabac", 300, pattern=GPT2_PATTERN,
+                                   special_tokens=["<s>"])
+    directory = tmp_path_factory.mktemp("junk")
+
+    def load(data):
+        path = directory / "t.json"
+        path.write_text(json.dumps(data))
+        return BPETokenizer.load(path)
+
+    def as_json(x):
+        return x if not isinstance(x, (bytes, tuple)) else repr(x)
+
+    file = {"format": "minitransformer.bpe", "version": 2, "merges": []}
+    calls = [
+        lambda x: BPETokenizer(x), lambda x: BPETokenizer(pattern=x),
+        lambda x: BPETokenizer(special_tokens=x), lambda x: BPETokenizer(file_ids=x),
+        lambda x: BPETokenizer.train(x, 300), lambda x: BPETokenizer.train("ab ab", x),
+        lambda x: BPETokenizer.train("ab ab", 300, pattern=x),
+        lambda x: BPETokenizer.train("ab ab", 300, special_tokens=x),
+        tokenizer.encode, tokenizer.decode, tokenizer.decode_bytes, tokenizer.token_bytes,
+        lambda x: tokenizer.encode("a <s>", split_special_tokens=x),
+        lambda x: BPETokenizer.from_pretrained(directory / "none" if isinstance(x, str) else x),
+        lambda x: tokenizer.save_pretrained(directory / "out" if isinstance(x, str) else x),
+        lambda x: load({**file, "merges": as_json(x)}),
+        lambda x: load({**file, "version": as_json(x)}),
+        lambda x: load({**file, "special_tokens": as_json(x), "file_ids": as_json(x)}),
+        lambda x: load(as_json(x)),
+    ]
+    for call in calls:
+        try:
+            call(value)
+        except (TypeError, ValueError, FileNotFoundError):
+            pass
+
+
+# ----- special tokens ---------------------------------------------------------------------------
+
+def test_special_tokens_come_after_the_merges():
+    tokenizer = BPETokenizer.train("aaabdaaabac", 300, special_tokens=["<|endoftext|>", "<s>"])
+    assert len(tokenizer.merges) == 3 and len(tokenizer) == 261  # training stopped early
+    assert tokenizer.special_tokens == {"<|endoftext|>": 259, "<s>": 260}
+    assert BPETokenizer.train("ab" * 50, 260, special_tokens=["<s>"]).special_tokens \
+        == {"<s>": 259}  # vocab_size counts the special tokens
+    assert tokenizer.token_bytes(259) == b"<|endoftext|>" and tokenizer.decode([260]) == "<s>"
+    assert repr(tokenizer) == ("BPETokenizer(vocab_size=261, pattern=None, "
+                               "special_tokens=['<|endoftext|>', '<s>'])")
+
+
+@BOTH_PATTERNS
+def test_special_tokens_text_is_their_id_unless_split(pattern):
+    tokenizer = BPETokenizer.train("aaab<s>aaab<s>aaab", 300, pattern=pattern,
+                                   special_tokens=["<s>", "<s><s>"])
+    assert all(b"<" not in tokenizer.token_bytes(i) for i in range(256, 256 + 3))  # not learned
+    s, ss = tokenizer.special_tokens["<s>"], tokenizer.special_tokens["<s><s>"]
+    assert tokenizer.encode("<s><s><s>") == [ss, s]  # the longest first, left to right
+    assert tokenizer.encode("aaab<s>") == tokenizer.encode("aaab") + [s]
+    plain = tokenizer.encode("aaab<s>", split_special_tokens=True)
+    assert s not in plain and tokenizer.decode(plain) == "aaab<s>"
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.lists(st.sampled_from(["<s>", "<", "s>", "a", " ", "é", "<s><s>"])).map("".join))
+def test_round_trip_with_special_tokens(trained, text):
+    tokenizer = BPETokenizer(trained[GPT2_PATTERN].merges, pattern=GPT2_PATTERN,
+                             special_tokens=["<s>", "<s><s>"])
+    for split in (False, True):
+        assert tokenizer.decode(tokenizer.encode(text, split_special_tokens=split)) == text
+
+
+def test_save_and_load_with_special_tokens_and_file_ids(tmp_path, trained):
+    plain = trained[GPT2_PATTERN]
+    ids = [*range(len(plain) + 1)]
+    ids[0], ids[-1] = ids[-1], ids[0]  # the special token takes id 0
+    tokenizer = BPETokenizer(plain.merges, pattern=GPT2_PATTERN, special_tokens=["<s>"],
+                             file_ids=ids)
+    assert tokenizer.special_tokens == {"<s>": 0} and tokenizer.encode("\x00") == [400]
+    assert tokenizer.token_bytes(0) == b"<s>" and tokenizer.decode([400, 0]) == "\x00<s>"
+    tokenizer.save(tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text())["version"] == 2
+    assert BPETokenizer.load(tmp_path / "t.json") == tokenizer
+    plain.save(tmp_path / "plain.json")  # without either, the file stays version 1
+    assert json.loads((tmp_path / "plain.json").read_text())["version"] == 1
+    identity = BPETokenizer(plain.merges, pattern=GPT2_PATTERN, file_ids=list(range(400)))
+    assert identity.file_ids is None and identity == plain  # the identity is no table
+    assert tokenizer != BPETokenizer(plain.merges, pattern=GPT2_PATTERN, special_tokens=["<s>"])
 
 
 def test_decoding_half_a_character_replaces_it():

@@ -229,6 +229,19 @@ def _seq2seq():
             mt.exact_match(greedy, targets), model.read_source(src).repeat_interleave(2))
 
 
+@case("EncoderClassifier")
+def _encoder_classifier():
+    from minitransformer.classifier import EncoderConfig
+
+    config = EncoderConfig(vocab_size=9, context_length=6, num_layers=1, num_heads=2, d_model=8)
+    idx = torch.tensor([[3, 4, 5, 0], [6, 7, 0, 0]], device=CPU)
+    labels = torch.tensor([0, 1], device=CPU)
+    results = []
+    for pooling in ("cls", "mean"):
+        model = mt.EncoderClassifier(config, 2, pooling=pooling, device=CPU)
+        results += [model, model(idx, labels), model.encode(idx)]
+    return results
+
 # --- the tests ------------------------------------------------------------------------------
 
 @pytest.fixture

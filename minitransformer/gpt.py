@@ -217,11 +217,7 @@ class GPT(nn.Module):
         """
         past = self._check_input(idx, kv_cache)
         if targets is not None:
-            _checks.check_token_ids("targets", targets, self.config.vocab_size,
-                                    ignore_index=IGNORE_INDEX)
-            if targets.shape != idx.shape:
-                raise ValueError(f"targets must have the shape of idx {_checks.shape(idx)}, "
-                                 f"got {_checks.shape(targets)}")
+            _check_targets(targets, idx, self.config.vocab_size)
         length = idx.shape[1]
         x = self.embed(idx, offset=past)                              # (B, T, d_model)
         # the new queries are the last T of past + T keys (lower right); one query sees all
@@ -229,11 +225,7 @@ class GPT(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer.encode(x, attn_mask=mask, kv_cache=kv_cache, layer_idx=i)
         logits = self.head(self.norm.normalize(x))                    # (B, T, N)
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(),
-                               ignore_index=IGNORE_INDEX)
-        return logits, loss
+        return logits, None if targets is None else _next_token_loss(logits, targets)
 
     def decode_step(self, idx: Tensor, kv_cache: KVCache) -> Tensor:
         """``forward(idx, kv_cache=kv_cache)[0]`` in eval mode, the same numbers bit for bit,
@@ -339,22 +331,7 @@ class GPT(nn.Module):
     def _check_cache(self, kv_cache: KVCache, idx_shape: torch.Size) -> int:
         """The positions ``kv_cache`` holds, after checking that it is this model's cache for a
         batch of ``idx_shape`` ``(B, T)``, with room for ``T`` more positions."""
-        _checks.check_type("kv_cache", kv_cache, KVCache, "a KVCache")
-        c = self.config
-        if kv_cache.num_layers != c.num_layers:
-            raise ValueError(f"kv_cache has {kv_cache.num_layers} layers, the model "
-                             f"{c.num_layers} layers: make it with KVCache({c.num_layers})")
-        batch, length = idx_shape
-        held = kv_cache.keys[0]
-        if held is not None and held.shape[0] != batch:
-            raise ValueError(f"kv_cache holds a batch of {held.shape[0]} rows and idx has "
-                             f"{batch}: reset() the cache for a new batch")
-        past = kv_cache.seq_len
-        if past + length > c.context_length:
-            raise ValueError(f"the cache holds {past} positions and idx has {length} new ones: "
-                             f"{past + length} positions, more than context_length="
-                             f"{c.context_length}")
-        return past
+        return _check_model_cache(self.config, kv_cache, idx_shape)
 
     def embed(self, idx: Tensor, *, offset: int = 0) -> Tensor:
         """Token vectors plus position vectors (then dropout), ``(B, T)`` ids -> ``(B, T,
@@ -407,7 +384,8 @@ class GPT(nn.Module):
 
     # --- checkpoints: GPT-2's directory layout (chapters 9 and 13) -----------------------------
 
-    def save_pretrained(self, path: str | os.PathLike) -> None:
+    def save_pretrained(self, path: str | os.PathLike, *, bos_token_id: int | None = None,
+                        eos_token_id: int | None = None) -> None:
         """Write ``path/config.json`` and ``path/model.safetensors`` as a GPT-2 checkpoint:
         GPT-2's config keys and tensor names (:data:`GPT2_NAMES`), which
         ``transformers.GPT2LMHeadModel.from_pretrained`` reads. The tied head is stored once
@@ -415,11 +393,20 @@ class GPT(nn.Module):
         computes the same logits; ``config.json``'s ``"minitransformer"`` key keeps what GPT-2
         has no field for, so :meth:`from_pretrained` rebuilds this very model.
 
+        ``bos_token_id`` and ``eos_token_id`` are the tokenizer's (``null`` in ``config.json``
+        when it has none): transformers' ``generate`` and ``pipeline`` stop a text at
+        ``eos_token_id``, as :func:`~minitransformer.generation.generate` does with ``eos_id``.
+
         Raises:
             ValueError: blocks changed after construction so that GPT-2 cannot express them
-                (post-norm, another activation), or ``path`` is a file.
+                (post-norm, another activation), a token id outside the vocabulary, or ``path``
+                is a file.
         """
         c = self.config
+        for name, value in (("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id)):
+            if value is not None and _checks.check_int(name, value, low=0) >= c.vocab_size:
+                raise ValueError(f"{name}={value} is not a token of the vocabulary "
+                                 f"[0, {c.vocab_size})")
         approximate = "tanh" if c.activation == "gelu_tanh" else "none"
         if not all(type(layer) is EncoderLayer and layer.norm_first
                    and getattr(layer.feed_forward.activation, "approximate", None) == approximate
@@ -433,7 +420,9 @@ class GPT(nn.Module):
                 c.context_length, c.d_model, device=weight.device, dtype=weight.dtype)
         tensors = pretrained.to_theirs(state, GPT2_NAMES, c.num_layers)
         dtype = str(self.token_embedding.weight.dtype).removeprefix("torch.")
-        pretrained.write_checkpoint(path, _gpt2_config(c, dtype),
+        config = {**_gpt2_config(c, dtype), "bos_token_id": bos_token_id,
+                  "eos_token_id": eos_token_id}
+        pretrained.write_checkpoint(path, config,
                                     {f"transformer.{name}": t for name, t in tensors.items()})
 
     @classmethod
@@ -476,6 +465,43 @@ class GPT(nn.Module):
         pretrained.load_state(model, state, source=source,
                               theirs=pretrained.their_names(GPT2_NAMES, config.num_layers))
         return model.eval()
+
+
+def _check_targets(targets: Tensor, idx: Tensor, vocab_size: int) -> None:
+    """A language model's ``targets``: ids shaped like ``idx``, ``-100`` for "no target"."""
+    _checks.check_token_ids("targets", targets, vocab_size, ignore_index=IGNORE_INDEX)
+    if targets.shape != idx.shape:
+        raise ValueError(f"targets must have the shape of idx {_checks.shape(idx)}, "
+                         f"got {_checks.shape(targets)}")
+
+
+def _next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """The mean cross-entropy of ``logits`` ``(B, T, N)`` against ``targets`` ``(B, T)``, over
+    the positions whose target is not ``-100``."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(),
+                           ignore_index=IGNORE_INDEX)
+
+
+def _check_model_cache(config: object, kv_cache: KVCache, idx_shape: torch.Size) -> int:
+    """The positions ``kv_cache`` holds, after checking that it is the cache of a model with
+    ``config.num_layers`` layers for a batch of ``idx_shape`` ``(B, T)``, with room for ``T``
+    more positions within ``config.context_length`` (GPT's and Llama's check)."""
+    _checks.check_type("kv_cache", kv_cache, KVCache, "a KVCache")
+    c = config
+    if kv_cache.num_layers != c.num_layers:
+        raise ValueError(f"kv_cache has {kv_cache.num_layers} layers, the model "
+                         f"{c.num_layers} layers: make it with KVCache({c.num_layers})")
+    batch, length = idx_shape
+    held = kv_cache.keys[0]
+    if held is not None and held.shape[0] != batch:
+        raise ValueError(f"kv_cache holds a batch of {held.shape[0]} rows and idx has "
+                         f"{batch}: reset() the cache for a new batch")
+    past = kv_cache.seq_len
+    if past + length > c.context_length:
+        raise ValueError(f"the cache holds {past} positions and idx has {length} new ones: "
+                         f"{past + length} positions, more than context_length="
+                         f"{c.context_length}")
+    return past
 
 
 def _gpt2_config(c: GPTConfig, dtype: str) -> dict:

@@ -1,0 +1,212 @@
+"""Checkers for the exercises of chapter 13, *Your GPT is GPT-2*.
+
+Each ``check_<thing>`` is called with the learner's function and prints one line (see
+:mod:`minitransformer.exercises`):
+
+* :data:`check_conv1d` -- ``my_conv1d(x, weight, bias)``: what GPT-2's ``Conv1D`` layer
+  computes, ``x @ weight + bias`` with ``weight`` stored ``(in, out)``.
+* :data:`check_fuse_qkv` -- ``my_fuse_qkv(q_weight, k_weight, v_weight)``: GPT-2's ``c_attn``
+  weight ``(d, 3d)`` from three ``nn.Linear`` weights ``(d, d)``, query first, then key, then
+  value.
+* :data:`check_parameter_count` -- ``my_gpt2_parameter_count(vocab_size, context_length,
+  num_layers, d_model, d_ff)``: the parameters of a GPT-2 with a tied head.
+* :data:`check_byte_to_char` -- ``my_byte_to_char(b)``: the character GPT-2's ``vocab.json``
+  and ``merges.txt`` write for the byte ``b``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minitransformer.bpe import bytes_to_unicode
+from minitransformer.exercises import Checker
+
+__all__ = ["check_byte_to_char", "check_conv1d", "check_fuse_qkv", "check_parameter_count"]
+
+
+def _numbers(generator: torch.Generator, *shape: int) -> Tensor:
+    return torch.randint(-4, 5, shape, generator=generator).float()
+
+
+# --- my_conv1d(x, weight, bias) ------------------------------------------------------------------
+
+def _conv1d(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    return x @ weight + bias
+
+
+def _conv1d_cases() -> list[tuple]:
+    g = torch.Generator().manual_seed(13)
+    return [(_numbers(g, 2, 3), _numbers(g, 3, 3), _numbers(g, 3)),      # (in, out) = (3, 3)
+            (_numbers(g, 1, 2, 3), _numbers(g, 3, 2), _numbers(g, 2)),   # batched, (3, 2)
+            (_numbers(g, 2, 2, 4), _numbers(g, 4, 2), _numbers(g, 2))]
+
+
+check_conv1d = Checker(
+    reference=_conv1d,
+    cases=_conv1d_cases(),
+    mistakes={
+        "x @ weight.T + bias (F.linear, nn.Linear) is the product for a weight stored "
+        "(out, in); Conv1D stores it (in, out), ready for x @ weight + bias, no transpose":
+            lambda x, w, b: F.linear(x, w, b),
+        "add the bias: y = x @ weight + bias":
+            lambda x, w, b: x @ w,
+        "the bias is added to the product, not to x: (x @ weight) + bias":
+            lambda x, w, b: (x + b) @ w,
+        "* multiplies entry by entry; the layer is a matrix product, x @ weight":
+            lambda x, w, b: x * w + b,
+        "x may have more dimensions than two, (batch, positions, in): torch.mm takes only "
+        "matrices, while x @ weight multiplies over the last dimension":
+            lambda x, w, b: torch.mm(x, w) + b,
+        "the input comes first: x @ weight, each row of x times the weight":
+            lambda x, w, b: w @ x + b,
+    },
+)
+
+
+# --- my_fuse_qkv(q_weight, k_weight, v_weight) ---------------------------------------------------
+
+def _fuse_qkv(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return torch.cat([q, k, v], dim=0).t()
+
+
+def _fuse_cases() -> list[tuple]:
+    g = torch.Generator().manual_seed(31)
+    return [tuple(_numbers(g, d, d) for _ in range(3)) for d in (2, 3, 4)]
+
+
+check_fuse_qkv = Checker(
+    reference=_fuse_qkv,
+    cases=_fuse_cases(),
+    mistakes={
+        "Conv1D stores (in, out): the three weights stacked along dim 0 are (3d, d), "
+        "(out, in); transpose the result into (d, 3d)":
+            lambda q, k, v: torch.cat([q, k, v], dim=0),
+        "side by side along dim 1 gives the right shape, but each weight is still in "
+        "nn.Linear's (out, in) layout: transpose each one, or stack along dim 0 and "
+        "transpose the result":
+            lambda q, k, v: torch.cat([q, k, v], dim=1),
+        "reshape keeps the numbers in their order and only regroups them; turning (3d, d) "
+        "into (d, 3d) needs a transpose, .t()":
+            lambda q, k, v: torch.cat([q, k, v], dim=0).reshape(q.shape[0], -1),
+        "the outputs sit in three blocks side by side, all of the query's, then the key's, "
+        "then the value's: q | k | v, not interleaved one column of each":
+            lambda q, k, v: torch.stack([q.t(), k.t(), v.t()], dim=2).reshape(
+                q.shape[1], -1),
+        "torch.stack adds a new dimension, (3, d, d); torch.cat joins the three along an "
+        "existing one":
+            lambda q, k, v: torch.stack([q, k, v]),
+        "the order is query, key, value: the key's outputs come second":
+            lambda q, k, v: torch.cat([k, q, v], dim=0).t(),
+        "the order is query, key, value: the value's outputs come last":
+            lambda q, k, v: torch.cat([v, k, q], dim=0).t(),
+    },
+)
+
+
+# --- my_gpt2_parameter_count(vocab_size, context_length, num_layers, d_model, d_ff) ------------
+
+def _parameter_count(vocab_size: int, context_length: int, num_layers: int, d_model: int,
+                     d_ff: int, *, position: bool = True, head: bool = False,
+                     linear_bias: bool = True, attention_bias: bool = True,
+                     block_norms: int = 2, final_norm: bool = True, norm_bias: bool = True,
+                     projections: int = 4, width: int | None = None, layers: int | None = None,
+                     head_bias: bool = False) -> int:
+    d, f = d_model, d_ff if width is None else width
+    norm = d * (2 if norm_bias else 1)
+    attention = projections * d * d + (projections * d if linear_bias and attention_bias else 0)
+    feed_forward = 2 * d * f + ((f + d) if linear_bias else 0)
+    block = block_norms * norm + attention + feed_forward
+    return (vocab_size * d + (context_length * d if position else 0)
+            + (vocab_size * d if head else 0) + (vocab_size if head_bias else 0)
+            + (num_layers if layers is None else layers) * block + (norm if final_norm else 0))
+
+
+def _count(**mistake):
+    return lambda v, t, n, d, f: _parameter_count(v, t, n, d, f, **mistake)
+
+
+check_parameter_count = Checker(
+    reference=lambda vocab_size, context_length, num_layers, d_model, d_ff: _parameter_count(
+        vocab_size, context_length, num_layers, d_model, d_ff),
+    cases=[(11, 7, 2, 4, 16), (100, 32, 2, 64, 256), (1000, 64, 3, 16, 40),
+           (50257, 1024, 12, 768, 3072)],
+    mistakes={
+        "the position table is a parameter too: context_length rows of d_model numbers":
+            _count(position=False),
+        "the head is tied to the token table: the same vocab_size x d_model numbers, counted "
+        "once":
+            _count(head=True),
+        "GPT-2's head has no bias: it is the token table, used again":
+            _count(head_bias=True),
+        "every linear layer has a bias: d_model for each of q, k, v and the output "
+        "projection, d_ff and d_model in the feed-forward":
+            _count(linear_bias=False),
+        "4 * d_model numbers per block are missing: the biases of the attention's four "
+        "projections (d_model each), or the block's two layer norms (2 * d_model each), "
+        "one before the attention and one before the feed-forward":
+            _count(attention_bias=False),
+        "a layer norm has a weight and a bias, d_model numbers each":
+            _count(norm_bias=False),
+        "each block has two layer norms, one before the attention and one before the "
+        "feed-forward, each 2 * d_model":
+            _count(block_norms=1),
+        "after the last block comes the final layer norm (ln_f): 2 * d_model more":
+            _count(final_norm=False),
+        "attention has four projections: query, key, value and the output projection "
+        "(c_attn holds three, c_proj the fourth)":
+            _count(projections=3),
+        "use d_ff, the argument, for the feed-forward's width: it is not always 4 * d_model":
+            lambda v, t, n, d, f: _parameter_count(v, t, n, d, f, width=4 * d),
+        "there are num_layers blocks: multiply one block's count by num_layers":
+            _count(layers=1),
+    },
+)
+
+
+# --- my_byte_to_char(b) ------------------------------------------------------------------------
+
+_TABLE = bytes_to_unicode()
+
+
+def _with_printable(printable):
+    """The table's rule with another set of printable bytes."""
+    printable = set(printable)
+    moved = [b for b in range(256) if b not in printable]
+
+    def wrong(b):
+        return chr(b) if b in printable else chr(256 + moved.index(b))
+    return wrong
+
+
+_PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]
+
+check_byte_to_char = Checker(
+    reference=lambda b: _TABLE[b],
+    cases=[(65,), (0,), (32,), (10,), (126,), (127,), (173,), (200,), (255,)],
+    mistakes={
+        "a space (byte 32) is not printable: it is moved like the control bytes, and GPT-2 "
+        "writes it 'Ġ'; the printable bytes start at '!' (33)":
+            _with_printable([*range(32, 127), *range(161, 173), *range(174, 256)]),
+        "byte 173, the soft hyphen, lies between '¡' and 'ÿ' but is invisible: it is moved "
+        "too (the printable ranges are '¡' to '¬' and '®' to 'ÿ')":
+            _with_printable([*range(33, 127), *range(161, 256)]),
+        "byte 127 (DEL) is a control character, moved like the others: the first range "
+        "ends at '~' (126)":
+            _with_printable([*range(33, 128), *range(161, 173), *range(174, 256)]),
+        "only the printable bytes stand for themselves: the other 68 get chr(256), "
+        "chr(257), ... so that a space or a line break can be written in a file":
+            lambda b: chr(b),
+        "the moved bytes are numbered among themselves, in order: the first gets chr(256), "
+        "the next chr(257), ... Byte 127 is the 34th, so chr(256 + 33), not chr(256 + 127)":
+            lambda b: _TABLE[b] if b in _PRINTABLE else chr(256 + b),
+        "the first moved byte, byte 0, gets chr(256): count from 0":
+            lambda b: _TABLE[b] if b in _PRINTABLE else chr(ord(_TABLE[b]) + 1),
+        "range(a, b) stops before b: '~' (126), '¬' (172) and 'ÿ' (255) are printable too, "
+        "range(33, 127), range(161, 173), range(174, 256)":
+            _with_printable([*range(33, 126), *range(161, 172), *range(174, 255)]),
+        "return the character, a str: chr(256 + n), not the number 256 + n":
+            lambda b: ord(_TABLE[b]),
+    },
+)

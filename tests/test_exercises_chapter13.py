@@ -1,0 +1,291 @@
+"""The checkers of chapter 13: they accept correct answers and explain plausible wrong ones.
+
+Each wrong answer below is written the way a learner would write it, and each asserts the one
+hint it should get.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minitransformer
+from minitransformer.bpe import bytes_to_unicode
+from minitransformer.exercises import chapter13
+from minitransformer.exercises.chapter13 import (
+    check_byte_to_char,
+    check_conv1d,
+    check_fuse_qkv,
+    check_parameter_count,
+)
+from minitransformer.gpt import GPT, GPTConfig, count_parameters
+
+# --- correct solutions, written the way the book's solutions are ---------------------------
+
+
+def my_conv1d(x, weight, bias):
+    return x @ weight + bias
+
+
+def my_fuse_qkv(q_weight, k_weight, v_weight):
+    fused = torch.cat([q_weight, k_weight, v_weight], dim=0)
+    return fused.t()
+
+
+def my_gpt2_parameter_count(vocab_size, context_length, num_layers, d_model, d_ff):
+    d = d_model
+    embeddings = vocab_size * d + context_length * d
+    norms = 2 * (2 * d)
+    attention = 4 * (d * d + d)
+    feed_forward = (d * d_ff + d_ff) + (d_ff * d + d)
+    return embeddings + num_layers * (norms + attention + feed_forward) + 2 * d
+
+
+def my_byte_to_char(b):
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    if b in printable:
+        return chr(b)
+    others = [c for c in range(256) if c not in printable]
+    return chr(256 + others.index(b))
+
+
+CHECKERS = {
+    "conv1d": (check_conv1d, my_conv1d),
+    "fuse_qkv": (check_fuse_qkv, my_fuse_qkv),
+    "parameter_count": (check_parameter_count, my_gpt2_parameter_count),
+    "byte_to_char": (check_byte_to_char, my_byte_to_char),
+}
+
+
+def test_module_exports_every_checker():
+    assert sorted(chapter13.__all__) == sorted(
+        f"check_{name}" for name in CHECKERS)
+    assert not set(chapter13.__all__) & set(minitransformer.__all__)
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_accepts_the_book_solution(name, capsys):
+    checker, solution = CHECKERS[name]
+    assert checker(solution)
+    assert capsys.readouterr().out == f"✓ all {len(checker.cases)} checks passed\n"
+
+
+def test_accepts_other_correct_forms(capsys):
+    assert check_conv1d(lambda x, w, b: F.linear(x, w.t(), b))
+    assert check_conv1d(lambda x, w, b: torch.addmm(b, x.reshape(-1, x.shape[-1]), w)
+                        .reshape(*x.shape[:-1], -1))
+    assert check_fuse_qkv(lambda q, k, v: torch.cat([q.t(), k.t(), v.t()], dim=1))
+    assert check_fuse_qkv(lambda q, k, v: torch.cat([q, k, v]).T.contiguous())
+    assert check_parameter_count(
+        lambda n, t, layers, d, f: n * d + t * d + layers * (4 * d * d + 2 * d * f + 9 * d + f)
+        + 2 * d)
+    table = bytes_to_unicode()
+    assert check_byte_to_char(lambda b: table[b])
+    assert capsys.readouterr().out.count("✓") == 6
+
+
+def test_the_parameter_count_is_the_models():
+    """The reference agrees with our GPT and with GPT-2 small's published size."""
+    reference = check_parameter_count.reference
+    for v, t, n, d, f in [(100, 32, 2, 64, 256), (1000, 64, 3, 16, 40)]:
+        model = GPT(GPTConfig(vocab_size=v, context_length=t, num_layers=n, num_heads=2,
+                              d_model=d, d_ff=f), device="meta")
+        assert reference(v, t, n, d, f) == count_parameters(model)
+    assert reference(50257, 1024, 12, 768, 3072) == 124_439_808
+    assert (50257, 1024, 12, 768, 3072) in check_parameter_count.cases
+
+
+def test_the_conv1d_reference_is_gpt2s_layer():
+    transformers = pytest.importorskip("transformers")
+    layer = transformers.pytorch_utils.Conv1D(5, 3)  # nf = out, nx = in
+    torch.nn.init.normal_(layer.bias)
+    x = torch.randn(2, 4, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(check_conv1d.reference(x, layer.weight, layer.bias),
+                                   layer(x))
+
+
+def _hint(checker, wrong, capsys):
+    assert not checker(wrong)
+    out = capsys.readouterr().out
+    assert "Hint: " in out, out
+    return out.split("Hint: ", 1)[1].rstrip("\n")
+
+
+def _assert_hint(checker, wrong, fragment, capsys):
+    """The learner's wrong answer gets exactly the one hint that contains fragment."""
+    hints = [hint for hint in checker.mistakes if fragment in hint]
+    assert len(hints) == 1, (fragment, hints)
+    assert _hint(checker, wrong, capsys) == hints[0]
+
+
+# --- my_conv1d ----------------------------------------------------------------------------------
+
+def _as_linear(x, weight, bias):
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.bias.copy_(bias)
+        return layer(x)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (lambda x, w, b: F.linear(x, w, b), "no transpose"),
+    (lambda x, w, b: x @ w.T + b, "no transpose"),
+    (lambda x, w, b: torch.matmul(x, w.transpose(0, 1)) + b, "no transpose"),
+    (_as_linear, "no transpose"),
+    (lambda x, w, b: x @ w, "add the bias"),
+    (lambda x, w, b: torch.matmul(x + b, w), "not to x"),
+    (lambda x, w, b: x * w + b, "entry by entry"),
+    (lambda x, w, b: torch.mm(x, w) + b, "torch.mm takes only matrices"),
+    (lambda x, w, b: w @ x + b, "the input comes first"),
+], ids=["F.linear", "x @ w.T", "matmul w.transpose", "nn.Linear", "no bias", "bias first",
+        "elementwise", "torch.mm", "w @ x"])
+def test_conv1d_hints(wrong, fragment, capsys):
+    _assert_hint(check_conv1d, wrong, fragment, capsys)
+
+
+def test_conv1d_first_case_is_square_and_second_is_batched():
+    """A forgotten transpose gives numbers, not an error, on the first case; torch.mm only
+    fails on a batch."""
+    x, w, _ = check_conv1d.cases[0]
+    assert w.shape[0] == w.shape[1] and x.ndim == 2
+    assert check_conv1d.cases[1][0].ndim == 3
+
+
+# --- my_fuse_qkv --------------------------------------------------------------------------------
+
+def _interleaved(q, k, v):
+    d = q.shape[0]
+    out = torch.empty(d, 3 * d)
+    for j in range(d):
+        out[:, 3 * j], out[:, 3 * j + 1], out[:, 3 * j + 2] = q[j], k[j], v[j]
+    return out
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (lambda q, k, v: torch.cat((q, k, v)), "transpose the result into (d, 3d)"),
+    (lambda q, k, v: torch.cat([q, k, v], dim=-1), "side by side along dim 1"),
+    (lambda q, k, v: torch.cat([q, k, v]).view(q.shape[0], 3 * q.shape[0]), "reshape keeps"),
+    (_interleaved, "not interleaved"),
+    (lambda q, k, v: torch.stack([q, k, v], dim=0), "torch.stack adds a new dimension"),
+    (lambda q, k, v: torch.cat([k, q, v]).t(), "key's outputs come second"),
+    (lambda q, k, v: torch.cat([v.t(), k.t(), q.t()], dim=1), "value's outputs come last"),
+], ids=["no transpose", "dim 1", "view", "interleaved", "stack", "k q v", "v k q"])
+def test_fuse_qkv_hints(wrong, fragment, capsys):
+    _assert_hint(check_fuse_qkv, wrong, fragment, capsys)
+
+
+def test_fuse_qkv_inverts_the_loader():
+    """What the chapter's loader does to c_attn, .t().chunk(3), gives the three weights back."""
+    for q, k, v in check_fuse_qkv.cases:
+        parts = check_fuse_qkv.reference(q, k, v).t().chunk(3)
+        assert all(torch.equal(a, b) for a, b in zip(parts, (q, k, v)))
+
+
+# --- my_gpt2_parameter_count --------------------------------------------------------------------
+
+def _without(**leave_out):
+    def wrong(vocab_size, context_length, num_layers, d_model, d_ff):
+        d, f = d_model, d_ff
+        total = vocab_size * d
+        if not leave_out.get("positions"):
+            total += context_length * d
+        if leave_out.get("head_twice"):
+            total += vocab_size * d
+        if leave_out.get("head_bias"):
+            total += vocab_size
+        width = 4 * d if leave_out.get("four_d") else f
+        block = 4 * d * d + 2 * d * width
+        if not leave_out.get("biases"):
+            block += width + d
+            if not leave_out.get("attention_biases"):
+                block += 4 * d
+        norm = d if leave_out.get("norm_bias") else 2 * d
+        block += {"one": 1, "none": 0}.get(leave_out.get("block_norms"), 2) * norm
+        if leave_out.get("three_projections"):
+            block -= d * d + d
+        layers = 1 if leave_out.get("one_block") else num_layers
+        return total + layers * block + (0 if leave_out.get("final_norm") else norm)
+    return wrong
+
+
+@pytest.mark.parametrize("leave_out, fragment", [
+    ({"positions": True}, "position table"),
+    ({"head_twice": True}, "counted once"),
+    ({"head_bias": True}, "head has no bias"),
+    ({"biases": True}, "every linear layer has a bias"),
+    ({"attention_biases": True}, "4 * d_model numbers per block"),
+    ({"block_norms": "none"}, "4 * d_model numbers per block"),
+    ({"norm_bias": True}, "a weight and a bias"),
+    ({"block_norms": "one"}, "each block has two layer norms"),
+    ({"final_norm": True}, "final layer norm"),
+    ({"three_projections": True}, "c_attn holds three"),
+    ({"four_d": True}, "not always 4 * d_model"),
+    ({"one_block": True}, "multiply one block's count"),
+], ids=lambda value: "-".join(map(str, value)) if isinstance(value, dict) else None)
+def test_parameter_count_hints(leave_out, fragment, capsys):
+    _assert_hint(check_parameter_count, _without(**leave_out), fragment, capsys)
+
+
+def test_parameter_count_written_with_twelve_d_squared(capsys):
+    """12 d^2 + 13 d per block is right only when d_ff = 4 d: the d_ff hint says so."""
+    def wrong(v, t, n, d, f):
+        return v * d + t * d + n * (12 * d * d + 13 * d) + 2 * d
+    _assert_hint(check_parameter_count, wrong, "not always 4 * d_model", capsys)
+
+
+# --- my_byte_to_char ----------------------------------------------------------------------------
+
+def _printable_as(printable):
+    def wrong(b):
+        if b in printable:
+            return chr(b)
+        n = 0
+        for c in range(b):
+            if c not in printable:
+                n += 1
+        return chr(256 + n)
+    return wrong
+
+
+def _moved_by_value(b):
+    if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255:
+        return chr(b)
+    return chr(256 + b)
+
+
+def _counted_from_one(b):
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    if b in printable:
+        return chr(b)
+    return chr(256 + sum(c not in printable for c in range(b + 1)))
+
+
+def _the_number(b):
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    if b in printable:
+        return b
+    return 256 + [c for c in range(256) if c not in printable].index(b)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (_printable_as([*range(32, 127), *range(161, 173), *range(174, 256)]), "a space (byte 32)"),
+    (chr, "only the printable bytes stand for themselves"),
+    (_moved_by_value, "numbered among themselves"),
+    (_counted_from_one, "count from 0"),
+    (_printable_as([*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("ÿ") + 1)]),
+     "soft hyphen"),
+    (_printable_as([*range(33, 128), *range(161, 173), *range(174, 256)]), "DEL"),
+    (_printable_as([*range(33, 126), *range(161, 172), *range(174, 255)]),
+     "range(a, b) stops before b"),
+    (_the_number, "return the character"),
+], ids=["space printable", "chr", "by value", "from one", "soft hyphen", "DEL", "ranges short",
+        "number"])
+def test_byte_to_char_hints(wrong, fragment, capsys):
+    _assert_hint(check_byte_to_char, wrong, fragment, capsys)
+
+
+def test_byte_to_char_cases_reach_every_kind_of_byte():
+    bytes_checked = {b for (b,) in check_byte_to_char.cases}
+    assert {0, 32, 127, 173, 126, 255} <= bytes_checked
+    assert any(33 <= b <= 126 for b in bytes_checked - {126})  # a letter that passes chr(b)

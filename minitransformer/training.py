@@ -7,10 +7,12 @@ encoder-decoder's ``(src, tgt_in, targets)`` (chapter 10).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 import math
 import sys
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, field
 
 import torch
@@ -140,40 +142,109 @@ def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
     val_batches = _validation_set(val_batches, eval_batches)
 
     optimizer = _optimizer(model, lr, weight_decay)
-    history = TrainingHistory()
-    stream = _endless(batches)
-    running, since = 0.0, 0
+    loop = TrainingLoop(model, optimizer, steps=steps, lr=lr, warmup_steps=warmup_steps,
+                        max_grad_norm=max_grad_norm, val_batches=val_batches,
+                        eval_every=eval_every)
     bar = tqdm.tqdm(total=steps, disable=not progress, desc="training", mininterval=0.5,
                     bar_format=BAR_FORMAT)
-    model.train()
-    for step in range(steps):
-        rate = learning_rate(step, steps=steps, lr=lr, warmup_steps=warmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = rate
-        loss = _loss_of(model, next(stream))
-        if not torch.isfinite(loss):
-            raise ValueError(f"the loss became {loss.item()} at step {step + 1}: try a lower lr")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        optimizer.step()
-        history.learning_rates.append(rate)
-        running, since = running + loss.item(), since + 1
-        bar.update(1)
-        if (step + 1) % eval_every == 0 or step + 1 == steps:
-            history.steps.append(step + 1)
-            history.train_losses.append(running / since)
-            running, since = 0.0, 0
-            postfix = {"train loss": f"{history.train_losses[-1]:.3f}"}
-            if val_batches is not None:
-                history.val_losses.append(evaluate(model, val_batches))
-                model.train()
-                postfix["val loss"] = f"{history.val_losses[-1]:.3f}"
-            bar.set_postfix(postfix)
+    history = loop.run(_endless(batches), bar=bar)
     bar.close()
     sys.stderr.flush()  # the bar's last newline before anything printed next (notebook order)
     model.eval()
     return history
+
+
+class TrainingLoop:
+    """The loop of :func:`train` as an object, so that a program can stop it, save its state
+    and go on later (chapter 15's command line). :func:`train` and the command line both run
+    this loop: one step takes ``grad_accum`` batches from the stream, adds their gradients
+    (each loss divided by ``grad_accum``, so the update equals one batch that many times
+    larger), clips, and updates with :func:`learning_rate`'s rate.
+
+    A model wrapped in ``DistributedDataParallel`` is passed as ``model`` (its ``no_sync``
+    skips the all-reduce of every micro-batch but the last); ``eval_model`` is then the bare
+    model that :func:`evaluate` runs. ``step`` counts the updates done; :meth:`state_dict`
+    and :meth:`load_state_dict` save and restore it with the running loss and the history.
+    Arguments are checked by the caller (:func:`train`, the command line).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, steps: int,
+                 lr: float, warmup_steps: int, max_grad_norm: float = 1.0,
+                 grad_accum: int = 1, val_batches: list[tuple] | None = None,
+                 eval_every: int = 100, eval_model: nn.Module | None = None) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.steps, self.lr, self.warmup_steps = steps, lr, warmup_steps
+        self.max_grad_norm, self.grad_accum = max_grad_norm, grad_accum
+        self.val_batches, self.eval_every = val_batches, eval_every
+        self.eval_model = model if eval_model is None else eval_model
+        self.step = 0
+        self.history = TrainingHistory()
+        self._running, self._since = 0.0, 0
+
+    def run(self, stream: Iterator[tuple], *, bar: tqdm.tqdm | None = None,
+            after_step: Callable[[TrainingLoop], None] | None = None) -> TrainingHistory:
+        """Train from ``self.step`` to ``steps``; ``after_step(self)`` runs after each update
+        (and after its evaluation, if the step has one)."""
+        self.model.train()
+        while self.step < self.steps:
+            rate = learning_rate(self.step, steps=self.steps, lr=self.lr,
+                                 warmup_steps=self.warmup_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = rate
+            loss = self._gradients(stream)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            self.optimizer.step()
+            self.step += 1
+            self.history.learning_rates.append(rate)
+            self._running, self._since = self._running + loss, self._since + 1
+            if bar is not None:
+                bar.update(1)
+            if self.step % self.eval_every == 0 or self.step == self.steps:
+                self._evaluate(bar)
+            if after_step is not None:
+                after_step(self)
+        return self.history
+
+    def _gradients(self, stream: Iterator[tuple]) -> float:
+        """Backward through the step's ``grad_accum`` batches; their mean loss."""
+        self.optimizer.zero_grad(set_to_none=True)
+        no_sync = getattr(self.model, "no_sync", contextlib.nullcontext)
+        total = 0.0
+        for micro in range(self.grad_accum):
+            last = micro == self.grad_accum - 1
+            with contextlib.nullcontext() if last else no_sync():
+                loss = _loss_of(self.model, next(stream))
+                if not torch.isfinite(loss):
+                    raise ValueError(f"the loss became {loss.item()} at step {self.step + 1}: "
+                                     f"try a lower lr")
+                if self.grad_accum > 1:
+                    loss = loss / self.grad_accum
+                loss.backward()
+            total += loss.item()
+        return total
+
+    def _evaluate(self, bar: tqdm.tqdm | None) -> None:
+        history = self.history
+        history.steps.append(self.step)
+        history.train_losses.append(self._running / self._since)
+        self._running, self._since = 0.0, 0
+        postfix = {"train loss": f"{history.train_losses[-1]:.3f}"}
+        if self.val_batches is not None:
+            history.val_losses.append(evaluate(self.eval_model, self.val_batches))
+            self.model.train()
+            postfix["val loss"] = f"{history.val_losses[-1]:.3f}"
+        if bar is not None:
+            bar.set_postfix(postfix)
+
+    def state_dict(self) -> dict:
+        """The loop's own state as JSON-ready values (the model's and optimizer's are apart)."""
+        return {"step": self.step, "running_loss": self._running, "since": self._since,
+                "history": dataclasses.asdict(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.step, self._running, self._since = state["step"], state["running_loss"], state["since"]
+        self.history = TrainingHistory(**state["history"])
 
 
 def _validation_set(val_batches: Iterable[tuple] | None,

@@ -1,0 +1,163 @@
+"""Training checkpoints that survive a kill, and resuming from them bit for bit (chapter 15).
+
+A run's directory, written by the command line (:mod:`minitransformer.cli`)::
+
+    DIR/config.json, model.safetensors        the latest weights, as GPT-2's files (chapter 13)
+    DIR/vocab.json, merges.txt, tokenizer_config.json     the tokenizer (chapter 12)
+    DIR/trainer_state.json                    {"step": k, "world_size": n, "checkpoint": "ckpt-k"}
+    DIR/ckpt-k/                               everything that decides the rest of the run:
+        config.json, model.safetensors, vocab.json, merges.txt, tokenizer_config.json
+        training_state.safetensors            optimizer moments, RNG states (tensors)
+        training_state.json                   step, running loss, history, the run's flags
+
+A checkpoint is several files, so one ``os.replace`` cannot make it atomic. :func:`save` writes
+it into ``DIR/ckpt.tmp-<step>/``, renames that to ``DIR/ckpt-<step>/``, then atomically replaces
+``trainer_state.json`` to name it, and only then removes older checkpoints. :func:`load` trusts
+only what ``trainer_state.json`` names, so a kill at any moment leaves the last complete
+checkpoint loadable. Only safetensors and JSON are read, never a pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+STATE_FILE = "trainer_state.json"
+TENSORS_FILE = "training_state.safetensors"
+JSON_FILE = "training_state.json"
+#: The top-level files refreshed after each checkpoint, the weights last.
+TOP_LEVEL = ("config.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+             "model.safetensors")
+_NAME = re.compile(r"ckpt-(\d+)")
+_LEFTOVER = re.compile(r"ckpt(\.tmp)?-\d+|.+\.tmp")
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` under a temporary name, then ``os.replace`` it: a reader sees
+    the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from ``path``, or a ``ValueError`` naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return data
+
+
+def rng_states(generator: torch.Generator) -> dict[str, Tensor]:
+    """Every random number generator that draws data or dropout: the data ``generator`` (its
+    state is the data position), torch's global CPU generator and, with CUDA, each GPU's."""
+    states = {"rng.data": generator.get_state(), "rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            states[f"rng.cuda.{i}"] = state
+    return states
+
+
+def set_rng_states(states: dict[str, Tensor], generator: torch.Generator) -> None:
+    """Restore what :func:`rng_states` saved."""
+    generator.set_state(states["rng.data"])
+    torch.set_rng_state(states["rng.torch"])
+    cuda = [states[f"rng.cuda.{i}"] for i in range(torch.cuda.device_count())
+            if f"rng.cuda.{i}" in states]
+    if cuda:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+    """The optimizer's per-parameter state (Adam's ``step``, ``exp_avg``, ``exp_avg_sq``) as
+    flat names, ``optim.<param index>.<key>``. The hyperparameters are not saved: the program
+    builds the same optimizer again, and the loop sets the learning rate every step."""
+    return {f"optim.{index}.{key}": value
+            for index, state in optimizer.state_dict()["state"].items()
+            for key, value in state.items()}
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor]) -> None:
+    """Put :func:`optimizer_tensors`' tensors back into a freshly built ``optimizer``."""
+    state: dict[int, dict[str, Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state,
+                               "param_groups": optimizer.state_dict()["param_groups"]})
+
+
+def save(out: Path, *, step: int, world_size: int, write_model, tensors: dict[str, Tensor],
+         state: dict) -> Path:
+    """Write the checkpoint of ``step`` into ``out`` with the protocol of this module's
+    docstring, and return its folder. ``write_model(folder)`` writes the weights and the
+    tokenizer files; ``tensors`` and ``state`` are the rest (safetensors and JSON)."""
+    from safetensors.torch import save_file
+
+    tmp = out / f"ckpt.tmp-{step}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    write_model(tmp)
+    save_file({name: t.detach().to("cpu").contiguous() for name, t in tensors.items()},
+              tmp / TENSORS_FILE, metadata={"format": "pt"})
+    write_json(tmp / JSON_FILE, state)
+    final = out / f"ckpt-{step}"
+    if final.exists():      # written by a run killed before trainer_state.json named it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    write_json(out / STATE_FILE, {"step": step, "world_size": world_size,
+                                  "checkpoint": final.name})
+    for name in TOP_LEVEL:
+        part = out / (name + ".tmp")
+        shutil.copyfile(final / name, part)
+        os.replace(part, out / name)
+    for old in out.iterdir():
+        if old != final and _LEFTOVER.fullmatch(old.name):
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+    return final
+
+
+def latest(out: Path) -> tuple[dict, Path]:
+    """``(trainer_state, checkpoint folder)`` of the run in ``out``: the folder that
+    ``trainer_state.json`` names, and nothing else.
+
+    Raises:
+        FileNotFoundError: no ``trainer_state.json``, or the folder it names is gone.
+        ValueError: a ``trainer_state.json`` that is not what :func:`save` writes.
+    """
+    path = out / STATE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"nothing to resume in {out}: it has no {STATE_FILE}")
+    state = read_json(path)
+    name = state.get("checkpoint")
+    match = _NAME.fullmatch(name) if isinstance(name, str) else None
+    if match is None or int(match.group(1)) != state.get("step"):
+        raise ValueError(f"{path} does not name a checkpoint ckpt-<step> of its step")
+    folder = out / name
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{path} names {name}, which is not in {out}")
+    return state, folder
+
+
+def load_tensors(folder: Path) -> tuple[dict, dict[str, Tensor]]:
+    """``(state, tensors)`` that :func:`save` wrote into ``folder``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(folder / TENSORS_FILE, device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{folder / TENSORS_FILE} is not a readable safetensors file "
+                         f"({exc})") from None
+    return read_json(folder / JSON_FILE), tensors

@@ -13,10 +13,12 @@ from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.cache import KVCache
 from minitransformer.classifier import EncoderClassifier
 from minitransformer.device import default_device
-from minitransformer.functional import layer_norm, softmax
+from minitransformer.functional import layer_norm, rms_norm, softmax
 from minitransformer.generation import beam_search, generate, sample_next
 from minitransformer.gpt import GPT, GPTConfig
 from minitransformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm
+from minitransformer.layers import RMSNorm, SwiGLU
+from minitransformer.llama import GroupedQueryAttention, Llama, LlamaConfig, expand_kv_heads
 from minitransformer.markov import SkipModel, second_order_matrix, transition_matrix, walk_chain
 from minitransformer.masks import causal_mask, padding_mask
 from minitransformer.plot import (
@@ -27,6 +29,7 @@ from minitransformer.plot import (
     probability_bars,
 )
 from minitransformer.positional import sinusoidal_positional_encoding
+from minitransformer.rotary import apply_rotary, rotary_angles, rotate_half
 from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig, exact_match
 from minitransformer.training import evaluate, train
 from minitransformer.vocab import Vocabulary, one_hot, tokenize
@@ -71,4 +74,15 @@ __all__ = [
     "train",
     "transition_matrix",
     "walk_chain",
+    # chapter 14
+    "GroupedQueryAttention",
+    "Llama",
+    "LlamaConfig",
+    "RMSNorm",
+    "SwiGLU",
+    "apply_rotary",
+    "expand_kv_heads",
+    "rms_norm",
+    "rotary_angles",
+    "rotate_half",
 ]

@@ -1,5 +1,5 @@
-"""Functions on tensors, written as their equations: softmax (chapter 5) and layer norm
-(chapter 8).
+"""Functions on tensors, written as their equations: softmax (chapter 5), layer norm
+(chapter 8) and RMS norm (chapter 14).
 
 Attention (chapters 6-7) and sampling (chapter 5) both turn scores into probabilities; they import
 :func:`softmax` from here, so neither depends on the other. :func:`layer_norm` is chapter 8's
@@ -70,6 +70,32 @@ def _check_layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> No
         check_float_tensor(name, parameter, ndim=1, last_dim=x.shape[-1])
     check_same_dtype(x=x, weight=weight, bias=bias)
     check_number("eps", eps, positive=True)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """Root-mean-square normalization (Zhang and Sennrich, 2019), written as its equation
+    (chapter 14).
+
+    ``x / sqrt(mean(x ** 2) + eps) * weight``, the mean taken over the last dimension: layer
+    norm without subtracting the mean and without a bias. Equal to
+    ``F.rms_norm(x, (d_model,), weight, eps)``, PyTorch's fused kernel, which
+    :class:`~minitransformer.layers.RMSNorm` calls.
+
+    Args:
+        x: ``(..., d_model)``.
+        weight: ``(d_model,)``, the scale (gamma).
+        eps: added to the mean square, so that a zero vector does not divide by zero.
+
+    Raises:
+        TypeError: a tensor that is not floating-point, dtypes that differ, ``eps`` not a number.
+        ValueError: ``weight`` not of shape ``(d_model,)``, ``eps`` not positive.
+    """
+    check_float_tensor("x", x, min_ndim=1)
+    check_float_tensor("weight", weight, ndim=1, last_dim=x.shape[-1])
+    check_same_dtype(x=x, weight=weight)
+    check_number("eps", eps, positive=True)
+    mean_square = x.pow(2).mean(dim=-1, keepdim=True)       # (..., 1)
+    return x / torch.sqrt(mean_square + eps) * weight
 
 
 # --- The package's one import-time side effect -----------------------------------------------

@@ -8,6 +8,8 @@
   block a GPT stacks.
 * :class:`DecoderLayer` -- masked self-attention, cross-attention to an encoder's output
   (``memory``), then feed-forward (chapter 8).
+* :class:`RMSNorm` and :class:`SwiGLU` -- Llama's normalization and gated feed-forward block
+  (chapter 14); the block that stacks them is :class:`~minitransformer.llama.LlamaBlock`.
 
 Checked once, at the entrance. Each module's ``forward`` is a public entry point: it checks its
 inputs (types, shapes, dtypes, masks) and then calls the module's unchecked method, which is the
@@ -17,6 +19,8 @@ computation alone:
 module             unchecked method
 =================  ===========================================================================
 LayerNorm          ``normalize(x)``
+RMSNorm            ``normalize(x)``
+SwiGLU             ``transform(x)``
 FeedForward        ``transform(x)``
 EncoderLayer       ``encode(x, *, attn_mask=None, kv_cache=None, layer_idx=0)``
 DecoderLayer       ``decode(x, memory, *, tgt_mask=None, memory_mask=None, kv_cache=None,
@@ -201,6 +205,101 @@ class LayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square normalization (Zhang and Sennrich, 2019): each vector divided by its
+    root mean square, then scaled by ``weight`` (chapter 14).
+
+    ``y = x / sqrt(mean(x ** 2) + eps) * weight``, the mean over the last dimension. Unlike
+    :class:`LayerNorm` it subtracts no mean and adds no bias. Equal to
+    ``nn.RMSNorm(d_model, eps=eps)`` with the same ``weight``; the equation written out is
+    :func:`~minitransformer.functional.rms_norm`, and this module calls PyTorch's fused
+    ``F.rms_norm``, for the reason :class:`LayerNorm` gives.
+
+    Args:
+        d_model: the size of the last dimension.
+        eps: added to the mean square (Llama's ``rms_norm_eps``).
+        device, dtype: where and in what precision to create the weight.
+
+    Shapes:
+        ``(..., d_model)`` -> ``(..., d_model)``.
+    """
+
+    def __init__(self, d_model: int, *, eps: float = 1e-6,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.d_model = _checks.check_int("d_model", d_model)
+        self.eps = _checks.check_number("eps", eps, positive=True)
+        factory = _checks.factory_kwargs(device, dtype)
+        self.weight = nn.Parameter(torch.ones(d_model, **factory))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalize each vector of ``x`` ``(..., d_model)``.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor of the weight's dtype.
+            ValueError: its last dimension is not ``d_model``.
+        """
+        _checks.check_float_tensor("x", x, min_ndim=1, last_dim=self.d_model)
+        _checks.check_same_dtype(x=x, weight=self.weight)
+        return self.normalize(x)
+
+    def normalize(self, x: Tensor) -> Tensor:
+        """:meth:`forward` without the input check: PyTorch's fused kernel, equal to
+        :func:`~minitransformer.functional.rms_norm`."""
+        return F.rms_norm(x, (self.d_model,), self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}"
+
+
+class SwiGLU(nn.Module):
+    """The gated feed-forward block of Llama (Shazeer, 2020; chapter 14):
+    ``down_proj(silu(gate_proj(x)) * up_proj(x))``, with no biases.
+
+    ``gate_proj`` and ``up_proj`` both lift ``x`` to ``d_ff`` features; the SiLU of the first
+    (``z * sigmoid(z)``) decides, feature by feature, how much of the second passes;
+    ``down_proj`` brings the result back to ``d_model``. Three matrices instead of
+    :class:`FeedForward`'s two, so a ``d_ff`` of about ``8/3 * d_model`` costs what ``4 *
+    d_model`` costs there. The sub-modules carry transformers' names.
+
+    Args:
+        d_model: size of each input and output vector.
+        d_ff: number of hidden features.
+        device, dtype: where and in what precision to create the parameters.
+
+    Shapes:
+        ``(..., d_model)`` -> ``(..., d_model)``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        self.d_model = _checks.check_int("d_model", d_model)
+        self.d_ff = _checks.check_int("d_ff", d_ff)
+        factory = _checks.factory_kwargs(device, dtype)
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=False, **factory)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=False, **factory)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=False, **factory)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Apply the block to ``x`` of shape ``(..., d_model)``.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor of the parameters' dtype.
+            ValueError: its last dimension is not ``d_model``.
+        """
+        _checks.check_float_tensor("x", x, min_ndim=1, last_dim=self.d_model)
+        _checks.check_same_dtype(x=x, weights=self.gate_proj.weight)
+        return self.transform(x)
+
+    def transform(self, x: Tensor) -> Tensor:
+        """:meth:`forward` without the input check."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, d_ff={self.d_ff}"
 
 
 def _check_sizes(d_model: int, num_heads: int, d_ff: int) -> None:

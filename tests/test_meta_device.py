@@ -242,6 +242,48 @@ def _encoder_classifier():
         results += [model, model(idx, labels), model.encode(idx)]
     return results
 
+
+@case("rms_norm", "RMSNorm")
+def _rms_norm():
+    norm = mt.RMSNorm(8, device=CPU)
+    return norm, norm(randn(2, 3, 8)), mt.rms_norm(randn(2, 3, 8), randn(8))
+
+
+@case("SwiGLU")
+def _swiglu():
+    block = mt.SwiGLU(8, 12, device=CPU)
+    return block, block(randn(2, 3, 8))
+
+
+@case("rotary_angles", "apply_rotary", "rotate_half")
+def _rotary():
+    cos, sin = mt.rotary_angles(3, 8, offset=2)
+    x = randn(1, 2, 3, 8)
+    return (cos, sin, mt.rotary_angles(3, 8, device=CPU, dtype=torch.float64),
+            mt.apply_rotary(x, cos, sin), mt.rotate_half(x))
+
+
+@case("GroupedQueryAttention", "expand_kv_heads")
+def _gqa():
+    attn = mt.GroupedQueryAttention(16, 4, num_kv_heads=2, device=CPU)
+    x = randn(2, 3, 16)
+    cache = mt.KVCache(1)
+    return (attn, attn(x, rotary=mt.rotary_angles(3, 4), attn_mask=mt.causal_mask(3),
+                       kv_cache=cache), cache.keys, mt.expand_kv_heads(randn(1, 2, 3, 4), 4))
+
+
+@case("Llama", "LlamaConfig")
+def _llama():
+    config = mt.LlamaConfig(vocab_size=11, context_length=8, num_layers=1, num_heads=4,
+                            d_model=16, num_kv_heads=2, tie_embeddings=True)
+    model = mt.Llama(config, device=CPU)
+    idx = torch.tensor([[1, 2, 3]], device=CPU)
+    cache = mt.KVCache(1)
+    return (model, model(idx, idx), model(idx, kv_cache=cache), cache.keys,
+            model.decode_step(idx[:, :1], mt.KVCache(1)),
+            mt.generate(model, idx, 3, temperature=0))
+
+
 # --- the tests ------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -315,8 +315,7 @@ def _run(args: argparse.Namespace, procs: _Processes) -> int:
     if procs.world_size > 1:
         from torch.nn.parallel import DistributedDataParallel
         wrapped = DistributedDataParallel(
-            model, device_ids=[procs.device.index] if procs.device.type == "cuda" else None,
-            broadcast_buffers=False)
+            model, device_ids=[procs.device.index] if procs.device.type == "cuda" else None)
     val = window_batches(val_ids, batch_size=s["batch_size"],
                          context_length=s["context_length"])[:EVAL_BATCHES]
     val = [(x.to(procs.device), y.to(procs.device)) for x, y in val]

@@ -237,7 +237,7 @@ def test_sigkill_twice_then_resume_is_bit_identical_to_the_run_never_stopped(dat
     """Two processes killed at random moments after a checkpoint (saved every step, so a kill
     often lands inside one), then the run resumed to its end in this process. --save-every
     is not a run flag: the run never stopped saves only at its end."""
-    flags = ["--data", data, *TINY, "--steps", "60", "--save-every", "1"]
+    flags = ["--data", data, *TINY, "--steps", "60", "--save-every", "1", "--dropout", "0.1"]
     straight = tmp_path / "straight"
     assert run("train", "--out", straight, *flags, "--save-every", "60")[0] == 0
     out = tmp_path / "killed"

@@ -45,8 +45,8 @@ class Seq2SeqConfig:
         d_model: the width of every token vector.
         d_ff: the feed-forward hidden width; ``None`` means ``4 * d_model``.
         dropout: dropout probability in training.
-        label_smoothing: the share ``eps`` of the target probability spread evenly over the
-            whole target vocabulary (0 = plain cross-entropy).
+        label_smoothing: the share ``alpha`` of the target probability spread evenly over the
+            whole target vocabulary (0 = plain cross-entropy; chapter 10 writes it alpha).
         pad_id, bos_id, eos_id: the special tokens, the same ids in both vocabularies.
 
     Raises:

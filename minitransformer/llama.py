@@ -523,18 +523,27 @@ class Llama(nn.Module):
         tied = self.config.tie_embeddings
         return tuple(row for row in LLAMA_NAMES if not (tied and row.ours == "head.weight"))
 
-    def save_pretrained(self, path: str | os.PathLike) -> None:
+    def save_pretrained(self, path: str | os.PathLike, *, bos_token_id: int | None = None,
+                        eos_token_id: int | None = None) -> None:
         """Write ``path/config.json`` and ``path/model.safetensors`` as a ``LlamaForCausalLM``
         checkpoint: transformers' config keys and tensor names (:data:`LLAMA_NAMES`), a tied
-        head stored once (as ``model.embed_tokens.weight``).
+        head stored once (as ``model.embed_tokens.weight``). ``bos_token_id`` and
+        ``eos_token_id`` are the tokenizer's (``null`` when it has none), as for
+        :meth:`GPT.save_pretrained <minitransformer.gpt.GPT.save_pretrained>`.
 
         Raises:
-            ValueError: ``path`` is a file.
+            ValueError: a token id outside the vocabulary, or ``path`` is a file.
         """
         c = self.config
+        for name, value in (("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id)):
+            if value is not None and _checks.check_int(name, value, low=0) >= c.vocab_size:
+                raise ValueError(f"{name}={value} is not a token of the vocabulary "
+                                 f"[0, {c.vocab_size})")
         tensors = pretrained.to_theirs(self.state_dict(), self._names(), c.num_layers)
         dtype = str(self.token_embedding.weight.dtype).removeprefix("torch.")
-        pretrained.write_checkpoint(path, _llama_config(c, dtype), tensors)
+        config = {**_llama_config(c, dtype), "bos_token_id": bos_token_id,
+                  "eos_token_id": eos_token_id}
+        pretrained.write_checkpoint(path, config, tensors)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *,

@@ -460,3 +460,24 @@ def test_unknown_or_missing_tensors_are_named(tmp_path):
     save_file(tensors, weights)
     with pytest.raises(ValueError, match="no tensor 'model.norm.weight'"):
         Llama.from_pretrained(tmp_path)
+
+
+@transformers_required
+def test_the_tokenizer_s_eos_makes_transformers_stop_where_we_stop(tmp_path):
+    import transformers
+
+    model = small_llama(num_kv_heads=2)
+    free = mt.generate(model, IDX[:1, :4], 12, temperature=0)
+    eos = int(free[0, 8])                                           # the 5th new token
+    model.save_pretrained(tmp_path, eos_token_id=eos)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["eos_token_id"] == eos and config["bos_token_id"] is None
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        their_tokens = theirs.generate(IDX[:1, :4], max_new_tokens=12, do_sample=False,
+                                       pad_token_id=eos)
+    ours = mt.generate(model, IDX[:1, :4], 12, temperature=0, eos_id=eos)
+    assert torch.equal(ours, their_tokens)
+    assert ours.shape[1] < 4 + 12 and ours[0, -1] == eos
+    with pytest.raises(ValueError, match="eos_token_id=61 is not a token of the vocabulary"):
+        model.save_pretrained(tmp_path, eos_token_id=61)

@@ -29,7 +29,7 @@ from minitransformer.gpt import GPT, GPTConfig
 from minitransformer.training import BAR_FORMAT, TrainingLoop, _optimizer
 
 PROG = "minitransformer"
-ARCHS = ("gpt",)
+ARCHS = ("gpt", "llama")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 #: What a new run uses for a flag that is not given: a model that trains on the book's corpus
 #: (157 kB) in about a minute on two CPU cores.
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for the validation loss")
     add("--out", metavar="DIR", required=True, help="the run's directory: transformers "
         "loads it (config.json, model.safetensors, tokenizer files)")
-    add("--arch", choices=ARCHS, help="the model (gpt; llama once chapter 14 exists)")
+    add("--arch", choices=ARCHS, help="the model: GPT-2's (chapter 9) or Llama's (chapter 14)")
     add("--steps", type=_positive, help="optimizer updates")
     add("--batch-size", type=_positive, help="the global batch: sequences per update, over "
         "all processes and accumulation steps")
@@ -303,13 +303,15 @@ def _run(args: argparse.Namespace, procs: _Processes) -> int:
     dtype = DTYPES[s["dtype"]]
 
     torch.manual_seed(s["seed"])
-    config = GPTConfig(vocab_size=s["vocab_size"], context_length=s["context_length"],
-                       num_layers=s["num_layers"], num_heads=s["num_heads"],
-                       d_model=s["d_model"], dropout=s["dropout"])
-    model = GPT(config, device=procs.device, dtype=dtype)
-    generator = torch.Generator().manual_seed(s["seed"])
+    model_class, config_class = _architecture(s["arch"])
     if resumed:
-        model = GPT.from_pretrained(resumed["folder"], device=procs.device, dtype=dtype)
+        model = model_class.from_pretrained(resumed["folder"], device=procs.device, dtype=dtype)
+    else:
+        config = config_class(vocab_size=s["vocab_size"], context_length=s["context_length"],
+                              num_layers=s["num_layers"], num_heads=s["num_heads"],
+                              d_model=s["d_model"], dropout=s["dropout"])
+        model = model_class(config, device=procs.device, dtype=dtype)
+    generator = torch.Generator().manual_seed(s["seed"])
     optimizer = _optimizer(model, s["lr"], 0.1)
     wrapped = model
     if procs.world_size > 1:
@@ -337,7 +339,7 @@ def _run(args: argparse.Namespace, procs: _Processes) -> int:
     else:
         if procs.main:
             out.mkdir(parents=True, exist_ok=True)
-        say(f"training a GPT of {_count(model):,} parameters on "
+        say(f"training a {model_class.__name__} of {_count(model):,} parameters on "
             f"{train_ids.numel():,} tokens ({val_ids.numel():,} held out), "
             f"{procs.world_size} process{'es' * (procs.world_size > 1)}")
 
@@ -367,6 +369,14 @@ def _run(args: argparse.Namespace, procs: _Processes) -> int:
     return 0
 
 
+def _architecture(arch: str) -> tuple[type, type]:
+    """The model class and its config class for ``--arch``."""
+    if arch == "llama":
+        from minitransformer.llama import Llama, LlamaConfig
+        return Llama, LlamaConfig
+    return GPT, GPTConfig
+
+
 def _count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -379,7 +389,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise CommandLineError(f"--model {args.model}: no such directory")
     device = torch.device(args.device) if args.device else default_device()
     tokenizer = BPETokenizer.from_pretrained(folder)
-    model = GPT.from_pretrained(folder, device=device)
+    config = folder / "config.json"
+    model_type = checkpoints.read_json(config).get("model_type") if config.is_file() else None
+    model_class = _architecture("llama" if model_type == "llama" else "gpt")[0]
+    model = model_class.from_pretrained(folder, device=device)
     ids = tokenizer.encode(args.prompt)
     if not ids:
         raise CommandLineError("--prompt is empty: give the text to continue")

@@ -114,6 +114,25 @@ def test_a_tiny_run_is_a_directory_transformers_loads_with_our_logits(tiny_run):
         torch.testing.assert_close(theirs(idx).logits, ours(idx)[0], atol=1e-5, rtol=1e-5)
 
 
+def test_arch_llama_writes_a_llama_transformers_loads_and_generate_runs(data, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "llama"
+    status, stdout, stderr = run("train", "--data", data, "--out", out, *TINY, "--steps", "5",
+                                 "--arch", "llama")
+    assert status == 0, stderr
+    assert "training a Llama" in stdout
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out)
+    idx = torch.tensor([BPETokenizer.from_pretrained(out).encode("The old man")[:16]])
+    from minitransformer.llama import Llama
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(idx).logits, Llama.from_pretrained(out)(idx)[0],
+                                   atol=1e-5, rtol=1e-5)
+    status, stdout, stderr = run("generate", "--model", out, "--prompt", "The",
+                                 "--max-new-tokens", "5", "--temperature", "0")
+    assert status == 0 and stdout.startswith("The"), stderr
+
+
 def test_the_same_seed_gives_the_same_weights_and_another_seed_others(tiny_run, data, tmp_path):
     again, other = tmp_path / "again", tmp_path / "other"
     assert run("train", "--data", data, "--out", again, *TINY)[0] == 0

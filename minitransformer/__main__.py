@@ -1,4 +1,4 @@
-"""``python -m minitransformer``: the command line of chapter 15 (see :mod:`minitransformer.cli`)."""
+"""``python -m minitransformer``: the command line of chapter 15 (:mod:`minitransformer.cli`)."""
 
 import sys
 

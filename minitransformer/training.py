@@ -243,7 +243,8 @@ class TrainingLoop:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
-        self.step, self._running, self._since = state["step"], state["running_loss"], state["since"]
+        self.step = state["step"]
+        self._running, self._since = state["running_loss"], state["since"]
         self.history = TrainingHistory(**state["history"])
 
 

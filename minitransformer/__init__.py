@@ -21,13 +21,6 @@ from minitransformer.layers import RMSNorm, SwiGLU
 from minitransformer.llama import GroupedQueryAttention, Llama, LlamaConfig, expand_kv_heads
 from minitransformer.markov import SkipModel, second_order_matrix, transition_matrix, walk_chain
 from minitransformer.masks import causal_mask, padding_mask
-from minitransformer.plot import (
-    chain_graph,
-    embedding_scatter,
-    heatmap,
-    positional_encoding_heatmap,
-    probability_bars,
-)
 from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.rotary import apply_rotary, rotary_angles, rotate_half
 from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig, exact_match
@@ -86,3 +79,21 @@ __all__ = [
     "rotary_angles",
     "rotate_half",
 ]
+
+# The figures need matplotlib, slow to import: loaded on first use, so the command line and
+# library users who draw nothing do not pay for it (`from minitransformer import heatmap` works).
+_PLOT_NAMES = ("chain_graph", "embedding_scatter", "heatmap", "positional_encoding_heatmap",
+               "probability_bars")
+
+
+def __getattr__(name: str) -> object:
+    if name in _PLOT_NAMES:
+        from minitransformer import plot
+
+        return getattr(plot, name)
+    raise AttributeError(f"module 'minitransformer' has no attribute {name!r}")
+
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PLOT_NAMES})

@@ -1,7 +1,8 @@
 """Collect the book's own prose into book/data/corpus.txt (chapter 12 trains BPE on it).
 
-Reads book/intro.md and the markdown cells of the chapters book/NN_*.ipynb (in file-name
-order, so a new chapter simply joins in; chapter 12 itself is left out), and keeps the
+Reads book/intro.md and the markdown cells of chapters 1-11, book/NN_*.ipynb with NN <= 11
+(in file-name order; chapter 12 and the chapters after it train on the corpus and are left
+out), and keeps the
 English prose: code blocks, maths, MyST directives' markup, roles, labels, comments, tables,
 HTML and images are removed; link texts, headings, list items and the text inside
 admonitions and exercises stay. So that the
@@ -29,9 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "book"
 OUTPUT = BOOK / "data" / "corpus.txt"
 
-# Chapter 12 trains on the corpus and measures it: its own prose would make the book read about
-# its tokenizer, and put the made-up word it tests (ksowjmckder) into the training text.
-EXCLUDED = {"12_tokenization_bpe.ipynb"}
+# Chapters 12-15 train on the corpus and measure it: no chapter may train on its own text (chapter
+# 12's would put the random word it tests, ksowjmckder, into the training text). The corpus is
+# the intro and the chapters before 12.
+LAST_CHAPTER = 11
 
 # Directives whose body is prose (kept) rather than code, maths or a picture (dropped).
 PROSE_DIRECTIVES = {"note", "tip", "hint", "important", "warning", "caution", "attention",
@@ -81,7 +83,7 @@ def sources(book: Path = BOOK) -> list[tuple[str, str]]:
     if intro.exists():
         found.append((intro.name, intro.read_text(encoding="utf-8")))
     for notebook in sorted(book.glob("[0-9][0-9]_*.ipynb")):
-        if notebook.name in EXCLUDED:
+        if int(notebook.name[:2]) > LAST_CHAPTER:
             continue
         cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
         markdown = ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown"]

@@ -36,7 +36,7 @@ from minitransformer.layers import (RMSNorm, SwiGLU, _check_layer_mask, _check_s
                                     _dropout)
 from minitransformer.masks import causal_mask
 from minitransformer.pretrained import Rename
-from minitransformer.rotary import _check_head_dim, _rotate, rotary_angles
+from minitransformer.rotary import _angles, _check_head_dim, _rotate
 
 # transformers' LlamaForCausalLM name for each of our tensors (chapter 14); "{i}" is a layer.
 # The head's row is left out when the head is tied to the embedding (stored once, as theirs is).
@@ -425,8 +425,7 @@ class Llama(nn.Module):
     def _rotary(self, past: int, length: int, x: Tensor) -> tuple[Tensor, Tensor]:
         """The rotation tables of positions ``past`` to ``past + length - 1``."""
         c = self.config
-        return rotary_angles(length, c.head_dim, offset=past, theta=c.rope_theta,
-                             device=x.device, dtype=x.dtype)
+        return _angles(length, c.head_dim, past, c.rope_theta, x.device, x.dtype)
 
     def _check_input(self, idx: Tensor, kv_cache: KVCache | None, *,
                      cache_required: bool = False) -> int:

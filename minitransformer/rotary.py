@@ -63,8 +63,14 @@ def rotary_angles(length: int, head_dim: int, *, offset: int = 0, theta: float =
     check_int("offset", offset, low=0)
     check_number("theta", theta, positive=True)
     factory_kwargs(device, dtype)
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    device = torch.device("cpu") if device is None else device
+    return _angles(length, head_dim, offset, theta,
+                   torch.device("cpu") if device is None else device,
+                   torch.get_default_dtype() if dtype is None else dtype)
+
+
+def _angles(length: int, head_dim: int, offset: int, theta: float,
+            device: torch.device | str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """:func:`rotary_angles` without the checks (the path models call at every step)."""
     work = {"dtype": torch.promote_types(dtype, torch.float32), "device": device}
     two_i = torch.arange(0, head_dim, 2, **work)                     # (d/2,)
     frequencies = 1.0 / theta ** (two_i / head_dim)                  # theta_i, (d/2,)

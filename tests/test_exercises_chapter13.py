@@ -167,10 +167,13 @@ def _interleaved(q, k, v):
     (lambda q, k, v: torch.cat([q, k, v], dim=-1), "side by side along dim 1"),
     (lambda q, k, v: torch.cat([q, k, v]).view(q.shape[0], 3 * q.shape[0]), "reshape keeps"),
     (_interleaved, "not interleaved"),
+    (lambda q, k, v: torch.cat([q.t(), k.t(), v.t()]), "join the transposed weights along dim 1"),
+    (lambda q, k, v: torch.cat([q, k, v], dim=1).t(), "join the transposed weights along dim 1"),
     (lambda q, k, v: torch.stack([q, k, v], dim=0), "torch.stack adds a new dimension"),
     (lambda q, k, v: torch.cat([k, q, v]).t(), "key's outputs come second"),
     (lambda q, k, v: torch.cat([v.t(), k.t(), q.t()], dim=1), "value's outputs come last"),
-], ids=["no transpose", "dim 1", "view", "interleaved", "stack", "k q v", "v k q"])
+], ids=["no transpose", "dim 1", "view", "interleaved", "cat of .t() on dim 0",
+        "dim 1 then .t()", "stack", "k q v", "v k q"])
 def test_fuse_qkv_hints(wrong, fragment, capsys):
     _assert_hint(check_fuse_qkv, wrong, fragment, capsys)
 

@@ -94,6 +94,10 @@ check_fuse_qkv = Checker(
         "then the value's: q | k | v, not interleaved one column of each":
             lambda q, k, v: torch.stack([q.t(), k.t(), v.t()], dim=2).reshape(
                 q.shape[1], -1),
+        "this is (3d, d), c_attn's transpose: once transposed, each weight has its outputs "
+        "as columns, so join the transposed weights along dim 1, "
+        "torch.cat([q.t(), k.t(), v.t()], dim=1)":
+            lambda q, k, v: torch.cat([q.t(), k.t(), v.t()], dim=0),
         "torch.stack adds a new dimension, (3, d, d); torch.cat joins the three along an "
         "existing one":
             lambda q, k, v: torch.stack([q, k, v]),

@@ -303,3 +303,38 @@ def test_the_tokenizer_s_eos_makes_transformers_stop_where_we_stop(tmp_path):
     assert ours.shape[1] < 4 + 12 and ours[0, -1] == eos
     with pytest.raises(ValueError, match="eos_token_id=61 is not a token of the vocabulary"):
         model.save_pretrained(tmp_path, eos_token_id=61)
+
+
+def test_bfloat16_round_trip_keeps_the_dtype_and_every_tensor(tmp_path):
+    model = small_gpt(dtype=torch.bfloat16, activation="gelu_tanh")
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+    copy = GPT.from_pretrained(tmp_path)
+    assert copy.token_embedding.weight.dtype == torch.bfloat16
+    for (name, ours), (_, theirs) in zip(model.state_dict().items(),
+                                         copy.state_dict().items()):
+        assert torch.equal(ours, theirs), name
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert theirs.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(mt.generate(copy, IDX[:, :4], 8, temperature=0),
+                           theirs.generate(IDX[:, :4], max_new_tokens=8, min_new_tokens=8,
+                                           do_sample=False, pad_token_id=0))
+
+
+def test_older_files_extra_buffers_and_a_stored_head_are_skipped(tmp_path):
+    """transformers 4 files may hold attn.masked_bias, and a file may store the tied head as
+    lm_head.weight: neither is a weight of ours, and neither is an error."""
+    from safetensors.torch import load_file, save_file
+
+    model = small_gpt()
+    model.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    for i in range(2):
+        tensors[f"transformer.h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"].clone()
+    save_file(tensors, tmp_path / "model.safetensors")
+    copy = GPT.from_pretrained(tmp_path)
+    for (name, ours), (_, theirs) in zip(model.state_dict().items(),
+                                         copy.state_dict().items()):
+        assert torch.equal(ours, theirs), name

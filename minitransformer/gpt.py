@@ -9,6 +9,7 @@ encoder layer's shape, self-attention plus feed-forward with no cross-attention.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable
@@ -453,14 +454,19 @@ class GPT(nn.Module):
         raw, tensors = pretrained.read_checkpoint(folder)
         config = _config_from_gpt2(raw, str(folder / pretrained.CONFIG_FILE))
         source = str(folder / pretrained.WEIGHTS_FILE)
-        tensors = {name.removeprefix("transformer."): t for name, t in tensors.items()}
+        tensors = pretrained.strip_prefix(tensors, "transformer.", source=source)
         known = set(pretrained.their_names(GPT2_NAMES, config.num_layers).values())
         for name in tensors:
             if name not in known and not _GPT2_SKIPPED.fullmatch(name):
                 raise ValueError(f"{source} holds {name!r}, which a GPT-2 model with "
                                  f"n_layer={config.num_layers} does not have")
         state = pretrained.to_ours(tensors, GPT2_NAMES, config.num_layers, source=source)
-        dtype = pretrained.checkpoint_dtype(tensors) if dtype is None else dtype
+        if config.positional == "sinusoidal" and not _is_sinusoidal_table(
+                state["position_embedding.weight"], config):
+            # the table was changed elsewhere (trained on in transformers): GPT-2's learned
+            # positions, so that the logits stay the file's
+            config = dataclasses.replace(config, positional="learned")
+        dtype = pretrained.checkpoint_dtype(state, source=source) if dtype is None else dtype
         model = cls(config, device=device, dtype=dtype)
         pretrained.load_state(model, state, source=source,
                               theirs=pretrained.their_names(GPT2_NAMES, config.num_layers))
@@ -502,6 +508,14 @@ def _check_model_cache(config: object, kv_cache: KVCache, idx_shape: torch.Size)
                          f"{past + length} positions, more than context_length="
                          f"{c.context_length}")
     return past
+
+
+def _is_sinusoidal_table(wpe: Tensor, config: GPTConfig) -> bool:
+    """Whether ``wpe`` is the scaled sinusoidal table :meth:`GPT.save_pretrained` writes for
+    sinusoidal positions (to well within bfloat16's rounding)."""
+    table = INIT_STD * sinusoidal_positional_encoding(config.context_length, config.d_model,
+                                                      device=wpe.device, dtype=torch.float64)
+    return torch.allclose(wpe.double(), table, rtol=0.0, atol=0.01 * INIT_STD)
 
 
 def _gpt2_config(c: GPTConfig, dtype: str) -> dict:

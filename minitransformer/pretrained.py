@@ -160,19 +160,22 @@ def resolve(path: str | os.PathLike) -> Path:
     name = os.fspath(path)
     if not _REPO_ID.fullmatch(name):
         raise FileNotFoundError(f"no such directory: {name}")
+    # "checkpoints/run1" may be a mistyped folder as well as a repo id: the messages say both
     by_hand = (f"download {CONFIG_FILE} and {WEIGHTS_FILE} of {name!r} from the Hugging Face Hub "
                f"into a folder and pass its path")
     try:
         import huggingface_hub
     except ImportError:
-        raise FileNotFoundError(f"no directory {name!r}, and huggingface_hub is not installed "
+        raise FileNotFoundError(f"no local directory {name!r}, and huggingface_hub is not "
+                                f"installed to download it as a Hub repo id "
                                 f"(pip install 'minitransformer[hub]'); or {by_hand}") from None
     try:
         return Path(huggingface_hub.snapshot_download(
             name, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, "*.json", "merges.txt"]))
     except Exception as exc:  # offline, no such repo, no network: all the same to the user
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise FileNotFoundError(f"could not download {name!r} ({reason}); {by_hand}") from None
+        raise FileNotFoundError(f"no local directory {name!r}, and it could not be downloaded "
+                                f"as a Hub repo id ({reason}); {by_hand}") from None
 
 
 def read_checkpoint(folder: Path) -> tuple[dict, dict[str, Tensor]]:
@@ -229,10 +232,29 @@ def write_checkpoint(folder: str | os.PathLike, config: dict, tensors: dict[str,
     os.replace(tmp, folder / CONFIG_FILE)
 
 
-def checkpoint_dtype(tensors: Mapping[str, Tensor]) -> torch.dtype:
-    """The floating dtype the checkpoint's tensors are stored in (``from_pretrained`` keeps it
-    when no ``dtype`` is asked for, as transformers 5 does)."""
+def checkpoint_dtype(tensors: Mapping[str, Tensor], *, source: str = "the checkpoint"
+                     ) -> torch.dtype:
+    """The floating dtype the model's tensors are stored in (``from_pretrained`` keeps it when
+    no ``dtype`` is asked for, as transformers 5 does). Pass only the tensors the model reads:
+    a skipped buffer may be stored in another dtype."""
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
     if len(dtypes) > 1:
-        raise ValueError(f"the checkpoint mixes floating dtypes {sorted(map(str, dtypes))}")
+        raise ValueError(f"{source} mixes floating dtypes {sorted(map(str, dtypes))}: pass "
+                         f"dtype= to choose one")
     return dtypes.pop() if dtypes else torch.float32
+
+
+def strip_prefix(tensors: Mapping[str, Tensor], prefix: str, *, source: str) -> dict[str, Tensor]:
+    """The tensors with ``prefix`` taken off the names that carry it.
+
+    Raises:
+        ValueError: a name stored both with and without the prefix (one would silently win).
+    """
+    out: dict[str, Tensor] = {}
+    for name, tensor in tensors.items():
+        short = name.removeprefix(prefix)
+        if short in out:
+            raise ValueError(f"{source} holds {short!r} twice, with and without the prefix "
+                             f"{prefix!r}")
+        out[short] = tensor
+    return out

@@ -221,7 +221,8 @@ def test_a_repo_id_offline_fails_at_once_with_a_one_line_way_out(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120, env=env, cwd=tmp_path)
     line = result.stdout.strip()
-    assert line.startswith("ERROR could not download 'openai-community/gpt2'"), result
+    assert line.startswith("ERROR no local directory 'openai-community/gpt2', and it could "
+                           "not be downloaded as a Hub repo id"), result
     assert "download config.json and model.safetensors" in line
     assert "\n" not in line
 
@@ -229,7 +230,8 @@ def test_a_repo_id_offline_fails_at_once_with_a_one_line_way_out(tmp_path):
 def test_without_huggingface_hub_a_repo_id_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)       # import fails
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"huggingface_hub is not installed \(pip "
+    with pytest.raises(FileNotFoundError, match=r"no local directory 'gpt2', and "
+                                                r"huggingface_hub is not installed .*\(pip "
                                                 r"install 'minitransformer\[hub\]'\)"):
         GPT.from_pretrained("gpt2")
 
@@ -338,3 +340,33 @@ def test_older_files_extra_buffers_and_a_stored_head_are_skipped(tmp_path):
     for (name, ours), (_, theirs) in zip(model.state_dict().items(),
                                          copy.state_dict().items()):
         assert torch.equal(ours, theirs), name
+
+
+def test_a_sinusoidal_table_changed_elsewhere_comes_back_as_learned_positions(tmp_path):
+    """transformers keeps our "minitransformer" key when it saves; a wpe trained or edited
+    there is no longer the sinusoidal table, so it loads as GPT-2's learned positions."""
+    small_gpt(positional="sinusoidal").save_pretrained(tmp_path)
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        theirs.transformer.wpe.weight.add_(0.05 * torch.randn_like(theirs.transformer.wpe.weight))
+    theirs.save_pretrained(tmp_path / "edited")
+    model = GPT.from_pretrained(tmp_path / "edited")
+    assert model.config.positional == "learned"
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDX)[0], theirs(IDX).logits, rtol=0, atol=1e-4)
+    assert GPT.from_pretrained(tmp_path).config.positional == "sinusoidal"  # untouched: kept
+
+
+def test_a_mask_buffer_in_another_dtype_is_skipped_and_duplicates_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    small_gpt().save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["transformer.h.0.attn.bias"] = torch.ones(1, 1, 24, 24, dtype=torch.float64)
+    save_file(tensors, tmp_path / "model.safetensors")
+    assert GPT.from_pretrained(tmp_path).head.weight.dtype == torch.float32
+    tensors["wte.weight"] = tensors["transformer.wte.weight"] + 1
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="holds 'wte.weight' twice, with and without the "
+                                         "prefix 'transformer.'"):
+        GPT.from_pretrained(tmp_path)

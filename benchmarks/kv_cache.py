@@ -15,6 +15,11 @@ looked up once, without the blocks' method and module calls; tests hold it bit-f
   * how flat the cached cost per token stays: one 1,000-token generation timed token by token,
     the last 64 tokens against the first 64.
 
+Then the same for a Llama (chapter 14) of the GPT's size (vocab 256, d_model 128, 4 layers, 4
+query heads sharing 2 key/value heads, RMSNorm, rotary positions, SwiGLU with d_ff 344, untied
+head; context 1024): its cached speed-up at 512 new tokens, generated through
+``Llama.make_decode_step()``, and the bytes its cache holds against the GPT's at that length.
+
 Timing method: cached and uncached runs alternate (cached first, then uncached first, ...) after
 one untimed warm-up each; the speed-up is the median of the per-repeat ratios, which is robust to
 other programs slowing the machine down for a while. Targets (issue 12), at 2 threads: >= 3.5x at
@@ -31,22 +36,28 @@ import time
 
 import torch
 
-from minitransformer import GPT, GPTConfig, KVCache, generate, sample_next
+from torch import nn
+
+from minitransformer import (GPT, GPTConfig, KVCache, Llama, LlamaConfig, generate,
+                             sample_next)
 
 CONFIG = GPTConfig(vocab_size=256, context_length=1024, num_layers=4, num_heads=4, d_model=128)
+LLAMA_CONFIG = LlamaConfig(vocab_size=256, context_length=1024, num_layers=4, num_heads=4,
+                           d_model=128, num_kv_heads=2)
+LLAMA_TOKENS = 512
 PROMPT_LENGTH = 4
 NEW_TOKENS = (64, 256, 512, 1000)
 TARGETS = {256: 3.5, 512: 7.0}
 FLAT_WINDOW, FLAT_TARGET = 64, 1.5
 
 
-def _time(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> float:
+def _time(model: nn.Module, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> float:
     start = time.perf_counter()
     generate(model, prompt, new_tokens, use_cache=use_cache, temperature=0)
     return time.perf_counter() - start
 
 
-def speed_up(model: GPT, prompt: torch.Tensor, new_tokens: int,
+def speed_up(model: nn.Module, prompt: torch.Tensor, new_tokens: int,
              repeats: int) -> tuple[float, float, float]:
     """Median seconds with and without the cache, and the median per-repeat ratio."""
     cached = generate(model, prompt, new_tokens, use_cache=True, temperature=0)
@@ -126,6 +137,36 @@ def main() -> None:
         print(f"speed-up at {new_tokens} new tokens, {args.threads} threads: "
               f"{main_ratios[new_tokens]:.2f}x (target >= {target}x: "
               f"{main_ratios[new_tokens] >= target}); 1 thread: {ratios[1][new_tokens]:.2f}x")
+    llama(prompt, args.threads, args.repeats)
+
+
+def cache_bytes(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> int:
+    """``KVCache.nbytes`` after a generation of ``new_tokens`` (storage for every position)."""
+    cache = KVCache(model.config.num_layers, max_len=PROMPT_LENGTH + new_tokens)
+    step = model.make_decode_step()
+    with torch.inference_mode():
+        step(prompt, cache)
+    return cache.nbytes
+
+
+def llama(prompt: torch.Tensor, threads: int, repeats: int) -> None:
+    """The Llama's cached speed-up at ``LLAMA_TOKENS`` new tokens, and its cache's bytes."""
+    _ = torch.manual_seed(0)
+    model = Llama(LLAMA_CONFIG).eval()
+    c = LLAMA_CONFIG
+    print(f"Llama of the same size: {c.num_heads} query heads, {c.num_kv_heads} KV heads, "
+          f"d_ff {c.d_ff}, untied head, load average {os.getloadavg()[0]:.2f}")
+    torch.set_num_threads(threads)
+    generate(model, prompt, 16, use_cache=True, temperature=0)           # warm-up
+    generate(model, prompt, 16, use_cache=False, temperature=0)
+    cached, uncached, ratio = speed_up(model, prompt, LLAMA_TOKENS, repeats)
+    print(f"{threads:>7}{LLAMA_TOKENS:>12}{cached:>12.3f}{uncached:>14.3f}"
+          f"{cached / LLAMA_TOKENS * 1e3:>17.2f}{ratio:>9.2f}x", flush=True)
+    gpt_bytes = cache_bytes(GPT(CONFIG).eval(), prompt, LLAMA_TOKENS)
+    llama_bytes = cache_bytes(model, prompt, LLAMA_TOKENS)
+    print(f"Llama cached speed-up at {LLAMA_TOKENS} new tokens, {threads} threads: "
+          f"{ratio:.2f}x; its cache holds {llama_bytes:,} bytes, the GPT's {gpt_bytes:,} "
+          f"({gpt_bytes / llama_bytes:.1f}x: {c.num_heads} heads / {c.num_kv_heads} KV heads)")
 
 
 if __name__ == "__main__":

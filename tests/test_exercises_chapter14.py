@@ -195,6 +195,12 @@ def test_rms_norm_over_the_whole_tensor(capsys):
     assert _hint(_out(capsys)).startswith("take the mean over the last dimension")
 
 
+def test_rms_norm_over_the_rows(capsys):
+    assert not check_rms_norm(lambda x, weight, eps:
+                              x / torch.sqrt(x.pow(2).mean(0, keepdim=True) + eps) * weight)
+    assert _hint(_out(capsys)).startswith("the mean runs over the last dimension (dim=-1)")
+
+
 def test_rms_norm_without_keepdim(capsys):
     assert not check_rms_norm(lambda x, weight, eps:
                               weight * x / torch.sqrt((x ** 2).mean(dim=-1) + eps))
@@ -223,6 +229,18 @@ def test_rms_norm_with_eps_outside_the_root(capsys):
     out = _out(capsys)
     assert out.startswith("✗ case 2:")            # eps = 0.5 shows where it goes
     assert _hint(out).startswith("eps goes inside the square root")
+
+
+@pytest.mark.parametrize("norm", ["no eps", "eps as a floor"])
+def test_rms_norm_without_eps_in_the_mean_square(norm, capsys):
+    def my_rms_norm(x, weight, eps):
+        rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+        return x / (rms if norm == "no eps" else rms.clamp(min=eps)) * weight
+
+    assert not check_rms_norm(my_rms_norm)
+    out = _out(capsys)
+    assert out.startswith("✗ case 2:")
+    assert _hint(out).startswith("add eps to the mean of the squares, inside the square root")
 
 
 def test_rms_norm_with_the_square_of_the_mean(capsys):
@@ -307,6 +325,17 @@ def test_rope_one_position_early(capsys):
         lambda offset, length: torch.arange(offset - 1, offset + length - 1)))
     assert _hint(_out(capsys)).startswith("off by one: the first row of x sits at position "
                                           "offset, not offset - 1")
+
+
+def test_rope_with_the_papers_base_written_in(capsys):
+    def my_apply_rope(x, offset, theta):
+        cos, sin = mt.rotary_angles(x.shape[-2], x.shape[-1], offset=offset)
+        return mt.apply_rotary(x, cos, sin)
+
+    assert not check_apply_rope(my_apply_rope)
+    out = _out(capsys)
+    assert out.startswith("✗ case 3:")
+    assert _hint(out).startswith("use the theta argument for the base")
 
 
 def test_rope_that_turns_the_wrong_way(capsys):

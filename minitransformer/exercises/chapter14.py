@@ -72,6 +72,9 @@ check_rms_norm = Checker(
         "take the mean over the last dimension, the features of each vector: "
         "x.pow(2).mean(dim=-1, keepdim=True)": _rms_wrong(
             lambda x, eps: x / torch.sqrt(x.pow(2).mean() + eps)),
+        "the mean runs over the last dimension (dim=-1), the features of one vector; dim=0 runs "
+        "down the rows, across different vectors": _rms_wrong(
+            lambda x, eps: x / torch.sqrt(x.pow(2).mean(dim=0, keepdim=True) + eps)),
         "keepdim=True keeps the mean's last dimension (of size 1), so that it divides each row "
         "by its own root mean square": _rms_wrong(
             lambda x, eps: x / torch.sqrt(x.pow(2).mean(dim=-1) + eps)),
@@ -83,6 +86,9 @@ check_rms_norm = Checker(
         "eps goes inside the square root, added to the mean of the squares: "
         "torch.sqrt(mean + eps)": _rms_wrong(
             lambda x, eps: x / (torch.sqrt(x.pow(2).mean(-1, keepdim=True)) + eps)),
+        "add eps to the mean of the squares, inside the square root: torch.sqrt(mean + eps) "
+        "(case 2 uses eps = 0.5, so leaving it out, or using it only as a floor, shows)":
+            _rms_wrong(lambda x, eps: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True))),
         "square the entries before the mean: the mean of x**2, not the square of the mean":
             _rms_wrong(lambda x, eps: x / torch.sqrt(x.mean(-1, keepdim=True).pow(2) + eps)),
         "multiply by weight, the learned gain of each feature, at the end":
@@ -159,6 +165,8 @@ check_apply_rope = Checker(
             lambda x, offset, theta: _apply_rope(x, offset + 1, theta),
         "off by one: the first row of x sits at position offset, not offset - 1":
             lambda x, offset, theta: _apply_rope(x, offset - 1, theta),
+        "use the theta argument for the base, not the paper's 10000 written in (case 3 turns "
+        "with theta = 100)": lambda x, offset, theta: _apply_rope(x, offset, 10000.0),
         "turn the other way: rotate_half(x) is (-x2, x1), so x * cos + rotate_half(x) * sin "
         "turns each pair by +angle (yours turns by -angle)":
             lambda x, offset, theta: _rotate_halves(

@@ -512,8 +512,9 @@ class Llama(nn.Module):
         c = self.config
         norms = [self.norm] + [n for layer in self.layers for n in (layer.norm1, layer.norm2)]
         return (all(n.eps == c.norm_eps for n in norms)
-                and all(layer.self_attn.num_kv_heads == c.num_kv_heads
-                        and layer.self_attn.q_proj.bias is None for layer in self.layers))
+                and all(layer.self_attn.num_kv_heads == c.num_kv_heads for layer in self.layers)
+                # the step has no biases: a bias put on any projection takes forward
+                and all(m.bias is None for m in self.modules() if isinstance(m, nn.Linear)))
 
     # --- checkpoints: transformers' LlamaForCausalLM layout (chapter 14) -----------------------
 

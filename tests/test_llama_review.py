@@ -61,9 +61,6 @@ def test_generation_up_to_the_last_position_is_the_same_cached_and_uncached(num_
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="package bug found in review: Llama._is_as_built "
-                   "checks only q_proj's bias, so make_decode_step drops the bias of k/v/out "
-                   "and of the SwiGLU projections (forward keeps it)")
 @pytest.mark.parametrize("where", ["self_attn.v_proj", "self_attn.out_proj",
                                    "feed_forward.gate_proj", "feed_forward.down_proj"])
 def test_the_decode_step_is_forward_when_a_linear_layer_has_a_bias(where):

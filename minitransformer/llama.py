@@ -613,8 +613,8 @@ def _config_from_llama(raw: dict, source: str) -> LlamaConfig:
     if raw.get("hidden_act", "silu") != "silu":
         raise refuse(f"hidden_act is {raw.get('hidden_act')!r}, not 'silu'")
     for flag in ("attention_bias", "mlp_bias"):
-        if raw.get(flag):
-            raise refuse(f"{flag} is true")
+        if raw.get(flag) not in (None, False):
+            raise refuse(f"{flag} is {raw.get(flag)!r}")
     theta = raw.get("rope_theta", 10000.0)
     for field in ("rope_scaling", "rope_parameters"):
         rope = raw.get(field)
@@ -626,6 +626,9 @@ def _config_from_llama(raw: dict, source: str) -> LlamaConfig:
         if kind != "default":
             raise refuse(f"{field} asks for the RoPE scaling {kind!r} (only 'default' "
                          f"rotary positions are implemented)")
+        extra = sorted(set(rope) - {"rope_type", "type", "rope_theta"})
+        if extra:                          # e.g. a "factor" without a type: not to be ignored
+            raise refuse(f"{field} holds {', '.join(extra)} for default rotary positions")
         theta = rope.get("rope_theta", theta)
     sizes = {name: raw.get(key) for name, key in (
         ("vocab_size", "vocab_size"), ("context_length", "max_position_embeddings"),
@@ -635,6 +638,8 @@ def _config_from_llama(raw: dict, source: str) -> LlamaConfig:
         if value is None:
             raise ValueError(f"{source} has no field for {name}")
     head_dim = raw.get("head_dim")
+    if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int)):
+        raise ValueError(f"{source}: head_dim must be an int, got {head_dim!r}")
     if (head_dim is not None and isinstance(sizes["num_heads"], int)
             and sizes["num_heads"] > 0 and head_dim * sizes["num_heads"] != sizes["d_model"]):
         raise refuse(f"head_dim is {head_dim}, not hidden_size / num_attention_heads = "

@@ -82,7 +82,18 @@ def _angles(length: int, head_dim: int, offset: int, theta: float,
 
 def rotate_half(x: Tensor) -> Tensor:
     """``(x1, x2) -> (-x2, x1)`` for the two halves of the last dimension: each pair
-    ``(x_i, x_{i + d/2})`` turned by 90 degrees. Shape kept."""
+    ``(x_i, x_{i + d/2})`` turned by 90 degrees. Shape kept.
+
+    Raises:
+        TypeError, ValueError: ``x`` is not a floating-point tensor with an even last size.
+    """
+    check_float_tensor("x", x, min_ndim=1)
+    _check_head_dim(x.shape[-1])
+    return _rotate_half(x)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    """:func:`rotate_half` without the checks (the hot path)."""
     first, second = x.chunk(2, dim=-1)
     return torch.cat([-second, first], dim=-1)
 
@@ -114,4 +125,4 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """:func:`apply_rotary` without the checks (the path models call)."""
-    return x * cos + rotate_half(x) * sin
+    return x * cos + _rotate_half(x) * sin

@@ -425,8 +425,8 @@ def test_greedy_tokens_equal_transformers_generate(tmp_path, num_kv_heads):
     ("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}, "'llama3'"),
     ("model_type", "mistral", "model_type is 'mistral'"),
     ("hidden_act", "gelu", "hidden_act is 'gelu'"),
-    ("attention_bias", True, "attention_bias is true"),
-    ("mlp_bias", True, "mlp_bias is true"),
+    ("attention_bias", True, "attention_bias is True"),
+    ("mlp_bias", True, "mlp_bias is True"),
     ("head_dim", 16, "head_dim is 16"),
 ])
 def test_a_config_llama_cannot_express_is_refused_by_name(tmp_path, field, value, named):

@@ -78,3 +78,20 @@ def test_the_decode_step_is_forward_when_a_linear_layer_has_a_bias(where):
     setattr(parent, name, biased)
     with torch.no_grad():
         assert torch.equal(model.decode_step(IDX[:, :6], mt.KVCache(2)), model(IDX[:, :6])[0])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rope_scaling": {"factor": 2.0}}, "rope_scaling holds factor for default rotary"),
+    ({"head_dim": "8"}, "head_dim must be an int, got '8'"),
+    ({"attention_bias": "false"}, "attention_bias is 'false'"),
+])
+def test_config_values_that_would_be_misread_are_refused_by_name(tmp_path, change, message):
+    """Found in the issue-23 review: a scaling factor without a type was ignored, and strings
+    got messages about other values."""
+    import json
+
+    small_llama().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ValueError, match=message):
+        mt.Llama.from_pretrained(tmp_path)

@@ -38,7 +38,9 @@ VOCAB = mt.Vocabulary.from_sentences(["check the program ran", "run the tests"],
                                      specials=(data.EOS,))
 GPT = mt.GPT(mt.GPTConfig(11, 8, 1, 2, 8)).eval()
 S2S = mt.Seq2Seq(mt.Seq2SeqConfig(11, 11, 8, 1, 2, 8)).eval()
+LLAMA = mt.Llama(mt.LlamaConfig(11, 8, 1, 4, 16, num_kv_heads=2)).eval()
 IDS = torch.tensor([[3, 4, 5], [5, 6, 7]])
+Q = torch.randn(2, 4, 3, 4)                                      # (B, h, T, head_dim)
 MHA = mt.MultiHeadAttention(8, 2)
 X = torch.randn(2, 3, 8)
 
@@ -102,6 +104,19 @@ CALLS = {
     "BPETokenizer.decode": (mt.BPETokenizer().decode, ([104, 105],), {}),
     "BPETokenizer.encode": (mt.BPETokenizer().encode, ("hi",), {}),
     "heatmap": (mt.heatmap, (np.eye(2),), {}),
+    "Llama.forward": (LLAMA, (IDS,), {"targets": IDS}),
+    "Llama.decode_step": (LLAMA.decode_step, (IDS, mt.KVCache(1)), {}),
+    "generate(Llama)": (mt.generate, (LLAMA, IDS, 2), {"temperature": 0, "eos_id": 2}),
+    "LlamaConfig": (mt.LlamaConfig, (11, 8, 1, 4, 16), {"num_kv_heads": 2,
+                                                        "rope_theta": 500.0}),
+    "RMSNorm": (mt.RMSNorm(16), (torch.randn(2, 3, 16),), {}),
+    "SwiGLU": (mt.SwiGLU(16, 24), (torch.randn(2, 3, 16),), {}),
+    "GroupedQueryAttention": (mt.GroupedQueryAttention(16, 4, num_kv_heads=2),
+                              (torch.randn(2, 3, 16),), {}),
+    "rotary_angles": (mt.rotary_angles, (3, 4), {"offset": 2, "theta": 500.0}),
+    "apply_rotary": (mt.apply_rotary, (Q, *mt.rotary_angles(3, 4)), {}),
+    "expand_kv_heads": (mt.expand_kv_heads, (Q[:, :2], 4), {}),
+    "rotate_half": (mt.rotate_half, (Q,), {}),
 }
 
 

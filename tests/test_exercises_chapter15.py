@@ -170,6 +170,30 @@ def test_restore_that_gives_the_data_state_to_torchs_generator(capsys):
     assert _out(capsys).startswith("✗ case 1: for input (0, 3, 4) expected float32 tensor")
 
 
+def test_restore_that_returns_the_next_step(capsys):
+    def my_restore(model, optimizer, generator, checkpoint):
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        torch.set_rng_state(checkpoint["torch_rng"])
+        generator.set_state(checkpoint["data_rng"])
+        return checkpoint["step"] + 1
+
+    assert not check_restore(my_restore)
+    assert _hint(_out(capsys)).startswith("return checkpoint['step'] itself, not one more")
+
+
+def test_restore_that_swaps_the_generator_states(capsys):
+    def my_restore(model, optimizer, generator, checkpoint):
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        generator.set_state(checkpoint["torch_rng"])
+        torch.set_rng_state(checkpoint["data_rng"])
+        return checkpoint["step"]
+
+    assert not check_restore(my_restore)
+    assert _hint(_out(capsys)).startswith("the two generator states are swapped")
+
+
 def test_restore_that_forgets_the_data_position(capsys):
     def my_restore(model, optimizer, generator, checkpoint):
         model.load_state_dict(checkpoint["model"])
@@ -276,6 +300,14 @@ def test_ring_bytes_in_bits(capsys):
     assert _hint(_out(capsys)).startswith("bytes, not bits")
 
 
+def test_ring_bytes_with_integer_division(capsys):
+    def my_ring_allreduce_bytes(num_parameters, world_size, bytes_per_number):
+        return 2 * (world_size - 1) // world_size * num_parameters * bytes_per_number
+
+    assert not check_ring_bytes(my_ring_allreduce_bytes)
+    assert _hint(_out(capsys)).startswith("(n - 1) // n is integer division")
+
+
 def test_ring_bytes_of_one_process_is_zero():
     assert check_ring_bytes.reference(5000, 1, 4) == 0
 
@@ -334,6 +366,34 @@ def test_zero_stage_three_that_keeps_the_weights(capsys):
 
     assert not check_zero_bytes(my_zero_bytes_per_gpu)
     assert _hint(_out(capsys)).startswith("stage 3 shards everything")
+
+
+def test_zero_in_float32_without_a_master_copy(capsys):
+    assert not check_zero_bytes(_zero(weights=4, gradients=4, optimizer=8))
+    assert _hint(_out(capsys)).startswith("that is float32 without a master copy")
+
+
+def test_zero_that_shards_all_16_bytes_from_stage_one(capsys):
+    assert not check_zero_bytes(_zero(shards={0: "", 1: "ogw", 2: "ogw", 3: "ogw"}))
+    assert _hint(_out(capsys)).startswith("the stages differ in what they shard")
+
+
+def test_zero_stage_three_that_shards_only_the_weights(capsys):
+    assert not check_zero_bytes(_zero(shards={0: "", 1: "o", 2: "og", 3: "w"}))
+    assert _hint(_out(capsys)).startswith("the stages add up: stage 3 shards the weights")
+
+
+def test_zero_stages_that_do_not_add_up(capsys):
+    assert not check_zero_bytes(_zero(shards={0: "", 1: "o", 2: "g", 3: "w"}))
+    assert _hint(_out(capsys)).startswith("the stages add up: each one shards its own part")
+
+
+def test_zero_in_gigabytes(capsys):
+    def my_zero_bytes_per_gpu(num_parameters, world_size, stage):
+        return _zero()(num_parameters, world_size, stage) / 1e9
+
+    assert not check_zero_bytes(my_zero_bytes_per_gpu)
+    assert _hint(_out(capsys)).startswith("the answer is in bytes, not gigabytes")
 
 
 def test_zero_stage_zero_that_shards_the_optimizer(capsys):

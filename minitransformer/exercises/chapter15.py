@@ -144,7 +144,23 @@ def _restore_mistakes() -> dict[str, Callable]:
              "schedule again)"] = _restore_without("step")
     mistakes["everything is restored, but the function returns nothing: return "
              "checkpoint['step'], the step to continue from"] = _restore_without("return")
+    mistakes["return checkpoint['step'] itself, not one more: it counts the steps done, and "
+             "steps are numbered from 0, so it is also the number of the next step"] = (
+        _restore_step_plus_one)
+    mistakes["the two generator states are swapped: checkpoint['torch_rng'] goes to "
+             "torch.set_rng_state (dropout), checkpoint['data_rng'] to generator.set_state "
+             "(the batches)"] = _restore_swapped_rngs
     return mistakes
+
+
+def _restore_step_plus_one(model, optimizer, generator, checkpoint):
+    return _restore(model, optimizer, generator, checkpoint) + 1
+
+
+def _restore_swapped_rngs(model, optimizer, generator, checkpoint):
+    swapped = {**checkpoint, "torch_rng": checkpoint["data_rng"],
+               "data_rng": checkpoint["torch_rng"]}
+    return _restore(model, optimizer, generator, swapped)
 
 
 class _ResumeChecker(Checker):
@@ -196,6 +212,9 @@ check_ring_bytes = Checker(
             lambda p, n, b: 2 * (n - 1 / n) * p * b,
         "bytes, not bits: a float32 number is 4 bytes, no factor 8":
             lambda p, n, b: 2 * (n - 1) / n * p * b * 8,
+        "(n - 1) // n is integer division, always 0 for n > 1: divide with / (or multiply "
+        "first, 2 * (n - 1) * p * b / n)":
+            lambda p, n, b: 2 * (n - 1) // n * p * b,
     },
 )
 
@@ -247,6 +266,21 @@ check_zero_bytes = Checker(
         "world_size":
             _zero_shards({0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"),
                           3: ("optimizer", "gradients")}),
+        "that is float32 without a master copy (4 + 4 + 8); in mixed precision the weights "
+        "and gradients are 2 bytes each and Adam's state 12 (master weights, m, v)":
+            _zero_mistake(weights=4, gradients=4, optimizer=8),
+        "the stages differ in what they shard: stage 1 divides only the optimizer's 12 bytes "
+        "by world_size, stage 2 also the gradients' 2, stage 3 also the weights' 2":
+            lambda p, n, s: 16 * p / (n if s >= 1 else 1),
+        "the stages add up: stage 3 shards the weights as well as everything stage 2 shards "
+        "(optimizer state and gradients)":
+            _zero_shards({0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"),
+                          3: ("weights",)}),
+        "the stages add up: each one shards its own part and keeps sharding what the earlier "
+        "stages shard (stage 2: optimizer and gradients; stage 3: all three)":
+            _zero_shards({0: (), 1: ("optimizer",), 2: ("gradients",), 3: ("weights",)}),
+        "the answer is in bytes, not gigabytes: no division by 1e9":
+            lambda p, n, s: _zero_bytes(p, n, s) / 1e9,
         "stage 0 is plain data parallelism: every GPU holds all 16 bytes a parameter":
             _zero_shards({0: ("optimizer",), 1: ("optimizer",),
                           2: ("optimizer", "gradients"),

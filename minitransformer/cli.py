@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = g.add_argument
     add("--model", metavar="DIR", required=True, help="a directory written by train")
     add("--prompt", required=True, help="the text to continue")
-    add("--max-new-tokens", type=_nonnegative, default=40, help="(default 40)")
+    add("--max-new-tokens", type=_nonnegative, default=None,
+        help="(default: 40, or as many as the model's context leaves after the prompt)")
     add("--temperature", type=_float, default=1.0, help="0 is greedy (default 1.0)")
     add("--top-k", type=_positive, help="sample among the k likeliest tokens only")
     add("--seed", type=int, default=0, help="makes sampling repeatable (default 0)")
@@ -158,6 +159,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def _device(name: str | None) -> torch.device:
+    """``--device``, checked: a name torch knows, and CUDA only where it is available."""
+    if not name:
+        return default_device()
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise CommandLineError(f"--device {name}: not a device name (cpu, cuda, cuda:1, ...)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CommandLineError(f"--device {name}: CUDA is not available on this machine")
+    if device.type not in ("cpu", "cuda"):
+        raise CommandLineError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
 # ----- train ------------------------------------------------------------------------------------
 
 class _Processes:
@@ -168,7 +184,7 @@ class _Processes:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        device = torch.device(device) if device else default_device()
+        device = _device(device)
         if device.type == "cuda" and device.index is None and self.world_size > 1:
             device = torch.device("cuda", local)
         self.device = device
@@ -387,7 +403,7 @@ def _generate(args: argparse.Namespace) -> int:
     folder = Path(args.model)
     if not folder.is_dir():
         raise CommandLineError(f"--model {args.model}: no such directory")
-    device = torch.device(args.device) if args.device else default_device()
+    device = _device(args.device)
     tokenizer = BPETokenizer.from_pretrained(folder)
     config = folder / "config.json"
     model_type = checkpoints.read_json(config).get("model_type") if config.is_file() else None
@@ -397,6 +413,12 @@ def _generate(args: argparse.Namespace) -> int:
     if not ids:
         raise CommandLineError("--prompt is empty: give the text to continue")
     generator = torch.Generator(device).manual_seed(args.seed)
+    room = model.config.context_length - len(ids)
+    if room < 0:
+        raise CommandLineError(f"--prompt is {len(ids)} tokens, more than the model's context "
+                               f"of {model.config.context_length}")
+    if args.max_new_tokens is None:          # the default: up to 40, as many as fit
+        args.max_new_tokens = min(40, room)
     idx = torch.tensor([ids], device=device)
     out = generate(model, idx, args.max_new_tokens, temperature=args.temperature,
                    top_k=args.top_k, generator=generator)

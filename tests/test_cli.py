@@ -201,6 +201,11 @@ def bad_inputs(data, tiny_run, tmp_path) -> dict[str, tuple[list, str]]:
         "--resume with another --lr": ([*again, "--resume", "--lr", "0.5"], "--lr 0.5 differs"),
         "--resume of nothing": ([*new, "--resume"], "nothing to resume"),
         "no command": ([], "required"),
+        "an unknown device": ([*new, "--device", "foo"], "--device foo: not a device name"),
+        "a device this machine lacks": ([*new, "--device", "meta"],
+                                        "only cpu and cuda are supported"),
+        "a prompt longer than the context": (["generate", "--model", tiny_run[0], "--prompt",
+                                              "word " * 200], "more than the model's context"),
     }
 
 
@@ -281,3 +286,12 @@ def test_sigkill_twice_then_resume_is_bit_identical_to_the_run_never_stopped(dat
     assert equal(checkpoints.load_tensors(out / "ckpt-60")[1],
                  checkpoints.load_tensors(straight / "ckpt-60")[1])   # optimizer, RNGs
     assert any(code == -signal.SIGKILL for code, _ in kills), kills
+
+
+def test_generate_s_default_length_fits_the_context(tiny_run):
+    """The default (40 new tokens) shrinks to what the context leaves after the prompt."""
+    context = json.loads((tiny_run[0] / "config.json").read_text())["n_positions"]
+    prompt = "the " * max(1, context - 3)
+    status, stdout, stderr = run("generate", "--model", tiny_run[0], "--prompt", prompt,
+                                 "--temperature", "0")
+    assert status == 0, stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -76,6 +76,19 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
+
+
+def check_model_sizes(config: object, names: Iterable[str],
+                      default_d_ff: Callable[[int], int]) -> None:
+    """The sizes every model config checks, in one place: ``names`` positive ints, ``d_model``
+    divisible by ``num_heads``, and ``d_ff`` a positive int, ``default_d_ff(d_model)`` when it
+    is ``None`` (set once, here: the configs are frozen dataclasses)."""
+    for name in names:
+        check_int(name, getattr(config, name))
+    check_divisible(config.d_model, config.num_heads)
+    if config.d_ff is None:
+        object.__setattr__(config, "d_ff", default_d_ff(config.d_model))
+    check_int("d_ff", config.d_ff)
 
 
 def check_divisible(d_model: int, num_heads: int) -> None:

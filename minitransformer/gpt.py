@@ -103,12 +103,8 @@ class GPTConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "context_length", "num_layers", "num_heads", "d_model"):
-            _checks.check_int(name, getattr(self, name))
-        _checks.check_divisible(self.d_model, self.num_heads)
-        if self.d_ff is None:
-            object.__setattr__(self, "d_ff", 4 * self.d_model)    # frozen: set once, here
-        _checks.check_int("d_ff", self.d_ff)
+        _checks.check_model_sizes(self, ("vocab_size", "context_length", "num_layers",
+                                         "num_heads", "d_model"), lambda d: 4 * d)
         _checks.check_probability("dropout", self.dropout)
         _checks.check_choice("positional", self.positional, POSITIONAL)
         _checks.check_choice("activation", self.activation, GELUS)

@@ -102,13 +102,10 @@ class LlamaConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "context_length", "num_layers", "num_heads", "d_model"):
-            _checks.check_int(name, getattr(self, name))
-        _checks.check_divisible(self.d_model, self.num_heads)
+        # d_ff defaults to 8/3 d_model rounded up to a multiple of 8
+        _checks.check_model_sizes(self, ("vocab_size", "context_length", "num_layers",
+                                         "num_heads", "d_model"), lambda d: 8 * -(-d // 3))
         _check_head_dim(self.head_dim)
-        if self.d_ff is None:
-            object.__setattr__(self, "d_ff", 8 * -(-self.d_model // 3))   # frozen: set here
-        _checks.check_int("d_ff", self.d_ff)
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         _check_kv_heads(self.num_heads, self.num_kv_heads)

@@ -165,7 +165,8 @@ def test_generate_greedy_equals_transformers_pipeline(tiny_run):
                                  device="cpu")
     greedy = pipe(prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
     assert stdout == greedy + "\n"
-    assert stdout.startswith(prompt) and len(stdout.strip()) > len(prompt)
+    # The tiny model may continue with spaces only: what counts is that text was added.
+    assert stdout.startswith(prompt) and len(stdout.rstrip("\n")) > len(prompt)
 
 
 def test_generate_with_a_seed_repeats_its_sample(tiny_run):
@@ -226,13 +227,23 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
-def test_torchrun_two_processes_equal_one(tiny_run, data, tmp_path):
-    out = tmp_path / "ddp"
-    result = subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "minitransformer", "train", "--data", data, "--out", out, *TINY],
-        capture_output=True, text=True, env=subprocess_env(), timeout=300)
+def torchrun(*argv) -> list[str]:
+    return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "minitransformer", *map(str, argv)]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One torchrun launch of the test model on two processes, never stopped."""
+    out = tmp_path_factory.mktemp("ddp") / "straight"
+    result = subprocess.run(torchrun("train", "--data", data, "--out", out, *TINY),
+                            capture_output=True, text=True, env=subprocess_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+    return out, result
+
+
+def test_torchrun_two_processes_equal_one(tiny_run, ddp_run):
+    out, result = ddp_run
     assert max_difference(weights(out), weights(tiny_run[0])) <= 1e-4
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["step"] == 30 and state["world_size"] == 2
@@ -286,6 +297,45 @@ def test_sigkill_twice_then_resume_is_bit_identical_to_the_run_never_stopped(dat
     assert equal(checkpoints.load_tensors(out / "ckpt-60")[1],
                  checkpoints.load_tensors(straight / "ckpt-60")[1])   # optimizer, RNGs
     assert any(code == -signal.SIGKILL for code, _ in kills), kills
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes started by ``pid``, and theirs (Linux's /proc). torchrun starts its ranks
+    in sessions of their own, so killing the launcher's process group would not reach them."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the ranks in /proc")
+def test_torchrun_killed_then_resumed_under_torchrun_is_bit_identical(ddp_run, data, tmp_path):
+    """Both processes and their launcher killed together after a checkpoint (saved every step),
+    then `torchrun ... --resume`: the weights equal the two-process run never stopped."""
+    out = tmp_path / "killed"
+    flags = ["train", "--data", data, "--out", out, *TINY, "--save-every", "1"]
+    process = subprocess.Popen(torchrun(*flags), env=subprocess_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = wait_for(lambda: saved_step(out) >= 5, process)
+    for pid in [*descendants(process.pid), process.pid]:   # both ranks, then the launcher
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _, stderr = process.communicate()
+    step = saved_step(out)
+    assert stopped and 5 <= step < 30, (step, stderr[-2000:])
+    result = subprocess.run(torchrun(*flags, "--resume"), capture_output=True, text=True,
+                            env=subprocess_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count(f"resuming from step {step}\n") == 1   # rank 0 alone
+    assert equal(weights(out), weights(ddp_run[0]))
+    assert json.loads((out / "trainer_state.json").read_text())["world_size"] == 2
 
 
 def test_generate_s_default_length_fits_the_context(tiny_run):

@@ -347,3 +347,36 @@ def test_offset_with_the_positions_only(batched, hint, capsys):
     out = capsys.readouterr().out
     assert out.startswith("✗ case 1: for input ([[3]], ")
     assert out.endswith(hint)
+
+
+# Issue 25: "how many bytes" is a whole number; a float of the right value used to pass.
+@pytest.mark.parametrize("as_float", [
+    lambda L, B, h, T, d, b: float(2 * L * B * h * T * d * b),
+    lambda L, B, h, T, d, b: 2.0 * L * B * h * T * d * b,
+    lambda L, B, h, T, d, b: torch.tensor(2 * L * B * h * T * d * b).float().item()])
+def test_bytes_as_a_float_is_refused_with_the_whole_number_hint(as_float, capsys):
+    assert not check_cache_bytes(as_float)
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input (1, 1, 1, 1, 1, 4) expected the whole number 8 but got the float "
+        "8.0. Hint: a count is a whole number: return an int. Multiply whole numbers, and "
+        "divide with //, which keeps an int, not /, which always gives a float\n")
+
+
+def test_positions_as_floats_get_the_whole_number_hint_true_division_the_rounding_one(capsys):
+    def divided(memory_bytes, num_layers, batch, num_heads, d_head, bytes_per_number):
+        return memory_bytes / (2 * num_layers * batch * num_heads * d_head * bytes_per_number)
+
+    assert not check_max_positions(divided)           # a fraction of a position in case 2
+    assert "Hint: a position either fits or it does not" in capsys.readouterr().out
+    assert not check_max_positions(lambda *args: float(my_max_positions(*args)))
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input (1000, 1, 1, 1, 1, 4) expected the whole number "
+                          "125 but got the float 125.0.")
+    assert out.endswith("not /, which always gives a float\n")
+
+
+def test_numpy_integers_count_as_whole_numbers(capsys):
+    import numpy as np
+
+    assert check_cache_bytes(lambda *args: np.int64(my_cache_bytes(*args)))
+    assert check_cache_bytes(my_cache_bytes)

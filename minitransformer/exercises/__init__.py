@@ -207,6 +207,16 @@ def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-
     return None if same else "values differ"
 
 
+#: Said when a count comes back as a float (``whole_numbers=True``).
+WHOLE_NUMBER_HINT = ("a count is a whole number: return an int. Multiply whole numbers, and "
+                     "divide with //, which keeps an int, not /, which always gives a float")
+
+
+def _int(value: Any) -> bool:
+    """A whole number's type: a Python or numpy integer, not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def _holds_arrays(value: Any) -> bool:
     """A tuple with an array or tensor in it: several results, not one array to stack."""
     return isinstance(value, tuple) and any(getattr(v, "ndim", 0) >= 1 for v in value)
@@ -286,6 +296,8 @@ class Checker:
             failing case equals what ``wrong_function`` returns (or both raise the same error),
             the hint is added to the message.
         atol, rtol: tolerances for float results.
+        whole_numbers: where the reference returns an ``int`` (a count: bytes, positions), the
+            answer must be an integer too; a float of the same value fails with a hint.
 
     Calling the checker with the learner's function prints one line and returns a :class:`Verdict`.
     Arguments are deep-copied for every call, so a function that modifies its input in place
@@ -297,6 +309,7 @@ class Checker:
     mistakes: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     atol: float = 1e-6
     rtol: float = 1e-5
+    whole_numbers: bool = False
 
     def __post_init__(self) -> None:
         if not self.cases:
@@ -309,6 +322,7 @@ class Checker:
         """Check ``function`` without printing; the verdict carries the message."""
         if not callable(function):
             return Verdict(False, f"{FAIL} expected a function but got {type(function).__name__}")
+        not_whole = None
         for number, args in enumerate(self.cases, start=1):
             expected = self.reference(*copy.deepcopy(args))
             shown = show_input(args, self._names())
@@ -321,6 +335,12 @@ class Checker:
                            f"{type(exc).__name__}: {exc}")
                 return Verdict(False, self._with_hint(message, args, error=exc))
             problem = difference(expected, got, atol=self.atol, rtol=self.rtol)
+            if problem is None and self.whole_numbers and _int(expected) and not _int(got) \
+                    and not_whole is None:      # said only if every value is right
+                value = repr(float(got)) if isinstance(got, (float, np.floating)) else show(got)
+                not_whole = Verdict(False, f"{FAIL} case {number}: for input {shown} expected "
+                                    f"the whole number {show(expected)} but got the "
+                                    f"{type(got).__name__} {value}. Hint: {WHOLE_NUMBER_HINT}")
             if problem is None:
                 continue
             message = (f"{FAIL} case {number}: for input {shown} expected {show(expected)} "
@@ -331,6 +351,8 @@ class Checker:
             if problem != "values differ":
                 message += f" ({problem})"
             return Verdict(False, self._with_hint(message, args, got=got))
+        if not_whole is not None:
+            return not_whole
         return Verdict(True, f"{PASS} all {len(self.cases)} checks passed")
 
     def _names(self) -> list[str] | None:

@@ -168,6 +168,7 @@ def _without(factor: str):
 
 check_cache_bytes = Checker(
     reference=_cache_bytes,
+    whole_numbers=True,
     # in case 2 no two factors are equal, and none is 8 (2, 5 layers, batch 3, 6 heads, 100
     # positions, width 16, 4 bytes): whichever factor is left out or doubled, and bits for
     # bytes, the hint names that one
@@ -219,6 +220,7 @@ def _per_position(M, L, B, h, d, b) -> int:                         # noqa: N803
 
 check_max_positions = Checker(
     reference=_max_positions,
+    whole_numbers=True,
     # In cases 2 and 3 no two factors are equal and none is 2, 3 or 8, so each listed mistake
     # gives its own answer (checked in the tests); every memory but case 1's leaves a remainder
     # (a quarter of a position in case 2: rounding to the nearest passes there, rounding up

@@ -24,13 +24,18 @@ $(STAMP): requirements.txt pyproject.toml
 book: $(STAMP)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
+# Two workers of one thread each (pytest-xdist): on 2 cores that halves the wall time, where two
+# workers of two threads would fight over the cores. --dist loadscope keeps every cell of a
+# notebook, and every test of a module, in one worker (nbval needs the kernel's state in order).
+PYTEST_PARALLEL := -n 2 --dist loadscope
 test: book
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # Tests that read the built book (_build/html) are left to `make test`.
 BOOK_TESTS := tests/test_book_pages.py tests/test_api_page.py
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests/ $(addprefix --ignore=,$(BOOK_TESTS)) -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL) tests/ \
+		$(addprefix --ignore=,$(BOOK_TESTS)) -q
 
 # Timings are only meaningful on a quiet machine: the load is printed first.
 bench: $(STAMP)

@@ -11,6 +11,7 @@ import torch
 
 from minitransformer.exercises import chapter15
 from minitransformer.exercises.chapter15 import (
+    check_average_gradients,
     check_restore,
     check_ring_bytes,
     check_zero_bytes,
@@ -79,8 +80,8 @@ CORRECT = {
 
 
 def test_module_exports_every_checker():
-    assert sorted(chapter15.__all__) == ["check_restore", "check_ring_bytes",
-                                         "check_zero_bytes"]
+    assert sorted(chapter15.__all__) == ["check_average_gradients", "check_restore",
+                                         "check_ring_bytes", "check_zero_bytes"]
 
 
 @pytest.mark.parametrize("name", CORRECT)
@@ -413,3 +414,57 @@ def test_zero_reference_at_llama3_8b_on_8_gpus():
     """The chapter's table: 128.5, 44.2, 30.1 and 16.1 GB."""
     found = [round(check_zero_bytes.reference(8_030_261_248, 8, s) / 1e9, 1) for s in range(4)]
     assert found == [128.5, 44.2, 30.1, 16.1]
+
+
+# --- my_average_gradients: run on a two-process gloo group the checker starts --------------------
+# The reference and every listed mistake are run by tests/test_checker_contract.py; these are
+# other ways a learner writes it. Each check launches two processes (a few seconds).
+
+
+def test_averaging_written_another_way_passes(capsys):
+    import torch.distributed as dist
+
+    def my_average_gradients(model, num_sequences):
+        count = torch.tensor([num_sequences])                # an integer tensor
+        dist.all_reduce(count)
+        for p in model.parameters():
+            p.grad.mul_(num_sequences / count.item())         # scale first, then add
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+    assert check_average_gradients(my_average_gradients)
+    assert capsys.readouterr().out == "✓ all 2 checks passed\n"
+
+
+def test_averaging_with_reduce_op_avg_gets_the_unequal_shares_hint(capsys):
+    import torch.distributed as dist
+
+    def my_average_gradients(model, num_sequences):
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+    assert not check_average_gradients(my_average_gradients)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 2: for input (model, num_sequences) with shares (3, 5)")
+    assert "Hint: with unequal shares the mean of the ranks' means" in out
+
+
+def test_an_all_reduce_only_rank_0_makes_is_reported_not_left_hanging(capsys):
+    import torch.distributed as dist
+
+    def my_average_gradients(model, num_sequences):
+        if dist.get_rank() == 0:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+
+    assert not check_average_gradients(my_average_gradients)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1:")
+    assert out.endswith("(no `if dist.get_rank() == 0:` around it)\n")
+
+
+def test_averaging_leaves_the_global_random_state_alone():
+    _ = torch.manual_seed(0)
+    expected = torch.rand(3)
+    _ = torch.manual_seed(0)
+    check_average_gradients.run(check_average_gradients.reference)
+    torch.testing.assert_close(torch.rand(3), expected)

@@ -14,20 +14,33 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 * :data:`check_zero_bytes` -- ``my_zero_bytes_per_gpu(num_parameters, world_size, stage)``:
   the training memory of one GPU under ZeRO's stages 0-3 with mixed precision (2 bytes of
   weights, 2 of gradients, 12 of optimizer state per parameter).
+* :data:`check_average_gradients` -- ``my_average_gradients(model, num_sequences)``: called on
+  every rank after ``backward()`` on its own ``num_sequences`` sequences, leave on every rank the
+  gradient of the mean loss over all ranks' sequences, shares equal or not. The checker starts
+  a two-process gloo group, runs the function on both ranks, and compares each rank's gradients
+  with the gradient of the whole batch in one process.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import itertools
+import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
+import cloudpickle
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
-from minitransformer.exercises import Checker, Verdict
+from minitransformer.exercises import FAIL, PASS, Checker, Verdict
 
-__all__ = ["check_restore", "check_ring_bytes", "check_zero_bytes"]
+__all__ = ["check_average_gradients", "check_restore", "check_ring_bytes", "check_zero_bytes"]
 
 
 # --- my_restore(model, optimizer, generator, checkpoint) -----------------------------------------
@@ -286,4 +299,231 @@ check_zero_bytes = Checker(
                           2: ("optimizer", "gradients"),
                           3: ("optimizer", "gradients", "weights")}),
     },
+)
+
+
+# --- my_average_gradients(model, num_sequences) ---------------------------------------------------
+
+#: The sequences rank 0 and rank 1 hold in each case: equal shares, then a batch of 8 that
+#: splits 3 and 5 (the last slice is short when the batch does not divide by the world size).
+_SHARES = [(4, 4), (3, 5)]
+#: Seconds a rank waits for the other inside a collective before giving up, and the whole launch.
+_WAIT, _LAUNCH = 20, 90
+
+
+def _problem() -> tuple[nn.Module, Tensor, Tensor]:
+    """The model and the 8 sequences every rank builds alike (float64: sums are exact enough to
+    compare to 1e-12); the caller's random state is left alone."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1)).double()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 4, generator=g, dtype=torch.float64)
+    return model, x, x.sum(dim=1, keepdim=True).sin()
+
+
+def _gradients(rows: slice) -> list[Tensor]:
+    """The gradient of the mean squared error over ``rows``, in one process."""
+    model, x, y = _problem()
+    ((model(x[rows]) - y[rows]) ** 2).mean().backward()
+    return [p.grad for p in model.parameters()]
+
+
+def _rank_main(folder: str, rank: int) -> None:
+    """One rank of the checker's gloo group (run as ``python -c``): for each function in
+    ``folder/functions.pkl`` and each case, the local backward, the function, and the gradients
+    it leaves, saved to ``folder/rank<rank>.pt``; an error is saved in their place."""
+    torch.set_num_threads(1)
+    functions = cloudpickle.loads(Path(folder, "functions.pkl").read_bytes())
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
+                            world_size=2, timeout=datetime.timedelta(seconds=_WAIT))
+    found = []
+    try:
+        for function in functions:
+            results = []
+            for shares in _SHARES:
+                model, x, y = _problem()
+                rows = slice(sum(shares[:rank]), sum(shares[:rank + 1]))
+                ((model(x[rows]) - y[rows]) ** 2).mean().backward()
+                try:
+                    function(model, shares[rank])
+                except Exception as error:          # the learner's bug, reported
+                    results.append([type(error).__name__, str(error)])
+                    break
+                results.append([p.grad.detach().clone() for p in model.parameters()])
+            found.append(results)
+    finally:
+        torch.save(found, Path(folder, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+
+def _run_on_two_ranks(functions: list[Callable]) -> list[list] | str:
+    """Run ``functions`` on a fresh two-process gloo group: per rank, per function, per case,
+    the gradients or ``[error name, message]``; or why the launch failed, in words."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])}
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "functions.pkl").write_bytes(cloudpickle.dumps(functions))
+        code = (f"from {__name__} import _rank_main; import sys; "
+                f"_rank_main(sys.argv[1], int(sys.argv[2]))")
+        ranks = [subprocess.Popen([sys.executable, "-c", code, folder, str(rank)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for rank in (0, 1)]
+        try:
+            errors = [rank.communicate(timeout=_LAUNCH)[1] for rank in ranks]
+        except subprocess.TimeoutExpired:
+            for rank in ranks:
+                rank.kill()
+                rank.communicate()
+            return (f"the two processes did not finish in {_LAUNCH} s: every rank must make "
+                    f"the same collective calls, in the same order")
+        found = []
+        for rank, error in enumerate(errors):
+            path = Path(folder, f"rank{rank}.pt")
+            if not path.exists():
+                last = error.strip().splitlines()[-1] if error.strip() else "no message"
+                return f"rank {rank} failed before it ran your function: {last}"
+            found.append(torch.load(path, weights_only=True))
+        return found
+
+
+def _average_gradients(model: nn.Module, num_sequences: int) -> None:
+    """Weight each rank's gradient by its sequences, add them up, divide by all sequences."""
+    total = torch.tensor(float(num_sequences))
+    dist.all_reduce(total)
+    for p in model.parameters():
+        p.grad *= num_sequences
+        dist.all_reduce(p.grad)
+        p.grad /= total
+
+
+def _mean_of_means(model: nn.Module, num_sequences: int) -> None:
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+def _sum_only(model: nn.Module, num_sequences: int) -> None:
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+
+
+def _reduced_a_copy(model: nn.Module, num_sequences: int) -> None:
+    for p in model.parameters():
+        dist.all_reduce(p.grad * num_sequences)
+
+
+def _weighted_by(divisor: Callable[[int], float]) -> Callable:
+    """All-reduce each gradient times num_sequences, then divide by ``divisor(num_sequences)``."""
+    def wrong(model: nn.Module, num_sequences: int) -> None:
+        for p in model.parameters():
+            p.grad *= num_sequences
+            dist.all_reduce(p.grad)
+            p.grad /= divisor(num_sequences)
+    return wrong
+
+
+#: Each mistake, and what it leaves on rank r from the local gradients g = (g0, g1) and the
+#: shares n = (n0, n1): the checker matches the learner's gradients against these.
+_AVERAGING_MISTAKES = {
+    "with unequal shares the mean of the ranks' means is not the mean over all sequences: "
+    "multiply each rank's gradient by its num_sequences, all_reduce, and divide by the total "
+    "number of sequences (ReduceOp.AVG has the same problem)":
+        (_mean_of_means, lambda g, n, r: (g[0] + g[1]) / 2),
+    "all_reduce adds the ranks' tensors: divide the sum by the number of sequences on all "
+    "ranks together":
+        (_sum_only, lambda g, n, r: g[0] + g[1]),
+    "each rank still holds its own gradient: dist.all_reduce changes the tensor it is given, "
+    "in place, so give it p.grad itself (p.grad * n is a new tensor) and scale p.grad in place "
+    "(p.grad *= n)":
+        (_reduced_a_copy, lambda g, n, r: g[r]),
+    "divide by the number of sequences on all ranks (sum(num_sequences), another all_reduce), "
+    "not by the world size":
+        (_weighted_by(lambda n: 2), lambda g, n, r: (n[0] * g[0] + n[1] * g[1]) / 2),
+    "divide by the number of sequences on all ranks (another all_reduce), not by this rank's "
+    "own num_sequences: after the all_reduce the sum holds every rank's sequences":
+        (_weighted_by(lambda n: n), lambda g, n, r: (n[0] * g[0] + n[1] * g[1]) / n[r]),
+    "the sum of the weighted gradients still needs dividing by the number of sequences on all "
+    "ranks":
+        (_weighted_by(lambda n: 1), lambda g, n, r: n[0] * g[0] + n[1] * g[1]),
+    "num_sequences * world_size is the total only when every rank holds as many sequences: "
+    "all_reduce a tensor holding num_sequences to get the true total":
+        (_weighted_by(lambda n: 2 * n),
+         lambda g, n, r: (n[0] * g[0] + n[1] * g[1]) / (2 * n[r])),
+}
+
+
+_UNMATCHED_HINT = ("every rank must make the same collective calls, in the same order: an "
+                   "all_reduce that only one rank makes waits for a partner that never comes "
+                   "(no `if dist.get_rank() == 0:` around it)")
+
+
+class _TwoRankChecker(Checker):
+    """A :class:`Checker` that runs the function on both ranks of a two-process gloo group and
+    compares every rank's gradients with the gradient of the whole batch. A hint is given when
+    a listed mistake leaves the same gradients on both ranks in every case: the mistakes that
+    agree with each other, or with the right answer, on equal shares differ on unequal ones."""
+
+    def run(self, function: Callable) -> Verdict:
+        if not callable(function):
+            return super().run(function)
+        found = _run_on_two_ranks([function])
+        if isinstance(found, str):
+            return Verdict(False, f"{FAIL} {found}")
+        found = [found[0][0], found[1][0]]          # per rank, per case
+        for number, shares in enumerate(self.cases, start=1):
+            where = (f"case {number}: for input (model, num_sequences) with shares {shares} "
+                     f"on ranks 0 and 1")
+            for rank in (0, 1):
+                if len(found[rank]) < number:
+                    return Verdict(False, f"{FAIL} {where}, rank {rank} stopped: the other "
+                                          f"rank's error ended the run")
+                got = found[rank][number - 1]
+                if isinstance(got[0], str):
+                    name, message = got
+                    if name == "NotImplementedError":
+                        return Verdict(False, f"{FAIL} not implemented yet")
+                    if "gloo" in message:       # a collective the other rank never joined
+                        return Verdict(False, f"{FAIL} {where}, rank {rank} waited in vain for "
+                                              f"the other rank. Hint: {_UNMATCHED_HINT}")
+                    return Verdict(False, f"{FAIL} {where}: on rank {rank}, your function "
+                                          f"raised {name}: {message}")
+            whole = _gradients(slice(0, sum(shares)))
+            for rank in (0, 1):
+                if not _same(found[rank][number - 1], whole):
+                    message = (f"{FAIL} {where}, rank {rank}'s gradients are not the gradient "
+                               f"of the mean loss over all {sum(shares)} sequences")
+                    hint = self._hint(found)
+                    return Verdict(False, f"{message}. Hint: {hint}" if hint else message)
+        return Verdict(True, f"{PASS} all {len(self.cases)} checks passed")
+
+    def _hint(self, found: list[list]) -> str | None:
+        """The first mistake that leaves what the learner's function left, rank by rank, in
+        every case it finished."""
+        done = [(shares, local, number) for number, (shares, local) in enumerate(self._locals())
+                if all(len(found[r]) > number and not isinstance(found[r][number][0], str)
+                       for r in (0, 1))]
+        for hint, (_, left) in _AVERAGING_MISTAKES.items():
+            if all(_same(found[rank][number], [left(pair, shares, rank) for pair in zip(*local)])
+                   for shares, local, number in done for rank in (0, 1)):
+                return hint
+        return None
+
+    def _locals(self) -> list[tuple[tuple, list[list[Tensor]]]]:
+        """Each case's shares and the two ranks' own gradients before any averaging."""
+        return [(shares, [_gradients(slice(sum(shares[:r]), sum(shares[:r + 1])))
+                          for r in (0, 1)]) for shares in self.cases]
+
+
+def _same(got: list, expected: list[Tensor]) -> bool:
+    return len(got) == len(expected) and all(
+        isinstance(a, Tensor) and a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-12)
+        for a, b in zip(got, expected))
+
+
+check_average_gradients = _TwoRankChecker(
+    reference=_average_gradients,
+    cases=_SHARES,
+    mistakes={hint: function for hint, (function, _) in _AVERAGING_MISTAKES.items()},
 )

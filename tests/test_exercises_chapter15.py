@@ -432,7 +432,81 @@ def test_averaging_written_another_way_passes(capsys):
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
     assert check_average_gradients(my_average_gradients)
-    assert capsys.readouterr().out == "✓ all 2 checks passed\n"
+    assert capsys.readouterr().out == "✓ all 3 checks passed\n"
+
+
+def test_a_count_of_the_default_dtype_passes(capsys):
+    """torch.tensor(float(n), dtype=float32) makes the scale factor float32: a right answer."""
+    import torch.distributed as dist
+
+    def my_average_gradients(model, num_sequences):
+        total = torch.tensor(float(num_sequences), dtype=torch.float32)
+        dist.all_reduce(total)
+        world = dist.get_world_size()
+        for p in model.parameters():
+            p.grad *= num_sequences * world / total
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+    assert check_average_gradients(my_average_gradients)
+
+
+# Found by a learner's review of the checker (2026-11-25): each crashed the checker, hid the
+# real error, or passed a wrong answer.
+def test_assigning_the_result_of_all_reduce_is_named(capsys):
+    import torch.distributed as dist
+
+    def my_average_gradients(model, num_sequences):
+        for p in model.parameters():
+            p.grad = dist.all_reduce(p.grad)
+
+    assert not check_average_gradients(my_average_gradients)
+    assert capsys.readouterr().out == (
+        "✗ case 1: for input (model, num_sequences) with shares (4, 4) on ranks 0 and 1: after "
+        "your function, p.grad of 0.weight is None on rank 0. Hint: dist.all_reduce works in "
+        "place and returns None: do not assign its result to p.grad (and do not zero the "
+        "gradients afterwards)\n")
+
+
+def test_an_error_on_one_rank_is_shown_not_the_other_rank_s_wait(capsys):
+    def my_average_gradients(model, num_sequences):
+        if num_sequences == 5:
+            raise IndexError("list index out of range")
+        chapter15._average_gradients(model, num_sequences)   # right, on the other shares
+
+    assert not check_average_gradients(my_average_gradients)
+    assert capsys.readouterr().out == (
+        "✗ case 2: for input (model, num_sequences) with shares (3, 5) on ranks 0 and 1: on "
+        "rank 1, your function raised IndexError: list index out of range\n")
+
+
+def test_a_total_written_in_fails_on_the_batch_of_five(capsys):
+    import torch.distributed as dist
+
+    BATCH = 8                                          # noqa: N806 (a notebook's global)
+
+    def my_average_gradients(model, num_sequences):
+        for p in model.parameters():
+            p.grad *= num_sequences / BATCH
+            dist.all_reduce(p.grad)
+
+    assert not check_average_gradients(my_average_gradients)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 3: for input (model, num_sequences) with shares (1, 4)")
+    assert "Hint: the number of sequences changes from batch to batch" in out
+
+
+def test_a_function_that_cannot_travel_is_one_line(tmp_path, capsys):
+    log = open(tmp_path / "log.txt", "w")                 # a debugging aid, left in
+
+    def my_average_gradients(model, num_sequences):
+        print(num_sequences, file=log)
+
+    try:
+        assert not check_average_gradients(my_average_gradients)
+    finally:
+        log.close()
+    assert capsys.readouterr().out.startswith(
+        "✗ your function cannot be sent to the two processes (")
 
 
 def test_averaging_with_reduce_op_avg_gets_the_unequal_shares_hint(capsys):

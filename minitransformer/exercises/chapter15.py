@@ -30,6 +30,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -304,22 +306,26 @@ check_zero_bytes = Checker(
 
 # --- my_average_gradients(model, num_sequences) ---------------------------------------------------
 
-#: The sequences rank 0 and rank 1 hold in each case: equal shares, then a batch of 8 that
-#: splits 3 and 5 (the last slice is short when the batch does not divide by the world size).
-_SHARES = [(4, 4), (3, 5)]
+#: The sequences rank 0 and rank 1 hold in each case: equal shares; a batch of 8 that splits 3
+#: and 5 (the last slice is short when the batch does not divide by the world size); and a batch
+#: of 5, so that no total can be written in.
+_SHARES = [(4, 4), (3, 5), (1, 4)]
 #: Seconds a rank waits for the other inside a collective before giving up, and the whole launch.
-_WAIT, _LAUNCH = 20, 90
+_WAIT, _LAUNCH = 20, 60
 
 
 def _problem() -> tuple[nn.Module, Tensor, Tensor]:
-    """The model and the 8 sequences every rank builds alike (float64: sums are exact enough to
-    compare to 1e-12); the caller's random state is left alone."""
+    """The model and the 8 sequences every rank builds alike, in float64; the caller's random
+    state is left alone."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1)).double()
     g = torch.Generator().manual_seed(1)
     x = torch.randn(8, 4, generator=g, dtype=torch.float64)
     return model, x, x.sum(dim=1, keepdim=True).sin()
+
+
+_NAMES = [name for name, _ in _problem()[0].named_parameters()]
 
 
 def _gradients(rows: slice) -> list[Tensor]:
@@ -329,55 +335,76 @@ def _gradients(rows: slice) -> list[Tensor]:
     return [p.grad for p in model.parameters()]
 
 
-def _rank_main(folder: str, rank: int) -> None:
-    """One rank of the checker's gloo group (run as ``python -c``): for each function in
-    ``folder/functions.pkl`` and each case, the local backward, the function, and the gradients
-    it leaves, saved to ``folder/rank<rank>.pt``; an error is saved in their place."""
+def _leave_with(parent: int, seconds: float) -> None:
+    """End this process when its parent has gone (a kernel interrupted or restarted) or after
+    ``seconds``: a rank must never outlive the checker that started it."""
+    def watch() -> None:
+        end = time.monotonic() + seconds
+        while os.getppid() == parent and time.monotonic() < end:
+            time.sleep(0.2)
+        os._exit(3)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _rank_main(folder: str, rank: int, parent: int) -> None:
+    """One rank of the checker's gloo group (run as ``python -c``): for each case, the local
+    backward, the learner's function, and what it leaves, saved to ``folder/rank<rank>.pt`` as
+    ``["grads", [tensor or "None", ...]]`` per case, or ``["error", name, message]``."""
+    _leave_with(parent, _LAUNCH + 10)
     torch.set_num_threads(1)
-    functions = cloudpickle.loads(Path(folder, "functions.pkl").read_bytes())
+    function = cloudpickle.loads(Path(folder, "function.pkl").read_bytes())
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
                             world_size=2, timeout=datetime.timedelta(seconds=_WAIT))
-    found = []
+    results = []
     try:
-        for function in functions:
-            results = []
-            for shares in _SHARES:
-                model, x, y = _problem()
-                rows = slice(sum(shares[:rank]), sum(shares[:rank + 1]))
-                ((model(x[rows]) - y[rows]) ** 2).mean().backward()
-                try:
-                    function(model, shares[rank])
-                except Exception as error:          # the learner's bug, reported
-                    results.append([type(error).__name__, str(error)])
-                    break
-                results.append([p.grad.detach().clone() for p in model.parameters()])
-            found.append(results)
+        for shares in _SHARES:
+            model, x, y = _problem()
+            rows = slice(sum(shares[:rank]), sum(shares[:rank + 1]))
+            ((model(x[rows]) - y[rows]) ** 2).mean().backward()
+            try:
+                function(model, shares[rank])
+            except Exception as error:              # the learner's bug, reported
+                results.append(["error", type(error).__name__, " ".join(str(error).split())])
+                break
+            results.append(["grads", [p.grad.detach().clone() if p.grad is not None else "None"
+                                      for p in model.parameters()]])
     finally:
-        torch.save(found, Path(folder, f"rank{rank}.pt"))
+        torch.save(results, Path(folder, f"rank{rank}.pt"))
         dist.destroy_process_group()
 
 
-def _run_on_two_ranks(functions: list[Callable]) -> list[list] | str:
-    """Run ``functions`` on a fresh two-process gloo group: per rank, per function, per case,
-    the gradients or ``[error name, message]``; or why the launch failed, in words."""
+def _run_on_two_ranks(function: Callable) -> list[list] | str:
+    """Run ``function`` on a fresh two-process gloo group: per rank, per case, what
+    :func:`_rank_main` saved; or why the launch failed, in words."""
+    try:
+        payload = cloudpickle.dumps(function)
+    except Exception as error:
+        return (f"your function cannot be sent to the two processes ({type(error).__name__}: "
+                f"{' '.join(str(error).split())}): keep it to torch and dist, without open "
+                f"files, locks or progress bars")
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])}
+    code = (f"from {__name__} import _rank_main; import sys; "
+            f"_rank_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))")
     with tempfile.TemporaryDirectory() as folder:
-        Path(folder, "functions.pkl").write_bytes(cloudpickle.dumps(functions))
-        code = (f"from {__name__} import _rank_main; import sys; "
-                f"_rank_main(sys.argv[1], int(sys.argv[2]))")
-        ranks = [subprocess.Popen([sys.executable, "-c", code, folder, str(rank)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        Path(folder, "function.pkl").write_bytes(payload)
+        ranks = [subprocess.Popen([sys.executable, "-c", code, folder, str(rank),
+                                   str(os.getpid())], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)
                  for rank in (0, 1)]
+        end = time.monotonic() + _LAUNCH
         try:
-            errors = [rank.communicate(timeout=_LAUNCH)[1] for rank in ranks]
+            errors = [rank.communicate(timeout=max(end - time.monotonic(), 0.1))[1]
+                      for rank in ranks]
         except subprocess.TimeoutExpired:
+            return (f"your function did not return within {_LAUNCH} s on at least one rank (an "
+                    f"endless loop, or a wait for something the other rank never does)")
+        finally:                                    # also on an interrupt: no rank outlives us
             for rank in ranks:
-                rank.kill()
-                rank.communicate()
-            return (f"the two processes did not finish in {_LAUNCH} s: every rank must make "
-                    f"the same collective calls, in the same order")
+                if rank.poll() is None:
+                    rank.kill()
+                    rank.communicate()
         found = []
         for rank, error in enumerate(errors):
             path = Path(folder, f"rank{rank}.pt")
@@ -414,6 +441,23 @@ def _reduced_a_copy(model: nn.Module, num_sequences: int) -> None:
         dist.all_reduce(p.grad * num_sequences)
 
 
+def _reduced_the_weights(model: nn.Module, num_sequences: int) -> None:
+    total = torch.tensor(float(num_sequences))
+    dist.all_reduce(total)
+    for p in model.parameters():
+        p.grad *= num_sequences
+        dist.all_reduce(p.data)
+        p.grad /= total
+
+
+def _means_over_the_total(model: nn.Module, num_sequences: int) -> None:
+    total = torch.tensor(float(num_sequences))
+    dist.all_reduce(total)
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= total
+
+
 def _weighted_by(divisor: Callable[[int], float]) -> Callable:
     """All-reduce each gradient times num_sequences, then divide by ``divisor(num_sequences)``."""
     def wrong(model: nn.Module, num_sequences: int) -> None:
@@ -424,7 +468,7 @@ def _weighted_by(divisor: Callable[[int], float]) -> Callable:
     return wrong
 
 
-#: Each mistake, and what it leaves on rank r from the local gradients g = (g0, g1) and the
+#: Each mistake, and what it leaves on rank r from the ranks' own gradients g = (g0, g1) and the
 #: shares n = (n0, n1): the checker matches the learner's gradients against these.
 _AVERAGING_MISTAKES = {
     "with unequal shares the mean of the ranks' means is not the mean over all sequences: "
@@ -438,6 +482,12 @@ _AVERAGING_MISTAKES = {
     "in place, so give it p.grad itself (p.grad * n is a new tensor) and scale p.grad in place "
     "(p.grad *= n)":
         (_reduced_a_copy, lambda g, n, r: g[r]),
+    "the gradients were scaled but never added across the ranks: all_reduce p.grad (p.data "
+    "holds the weights)":
+        (_reduced_the_weights, lambda g, n, r: g[r] * n[r] / (n[0] + n[1])),
+    "backward() left each rank the mean over its own sequences: multiply it by num_sequences "
+    "to get their sum before adding the ranks' gradients and dividing by the total":
+        (_means_over_the_total, lambda g, n, r: (g[0] + g[1]) / (n[0] + n[1])),
     "divide by the number of sequences on all ranks (sum(num_sequences), another all_reduce), "
     "not by the world size":
         (_weighted_by(lambda n: 2), lambda g, n, r: (n[0] * g[0] + n[1] * g[1]) / 2),
@@ -451,61 +501,88 @@ _AVERAGING_MISTAKES = {
     "all_reduce a tensor holding num_sequences to get the true total":
         (_weighted_by(lambda n: 2 * n),
          lambda g, n, r: (n[0] * g[0] + n[1] * g[1]) / (2 * n[r])),
+    "the number of sequences changes from batch to batch (8, 8, then 5 here): all_reduce this "
+    "rank's num_sequences to get the total, do not write it in":
+        (_weighted_by(lambda n: 8), lambda g, n, r: (n[0] * g[0] + n[1] * g[1]) / 8),
 }
-
 
 _UNMATCHED_HINT = ("every rank must make the same collective calls, in the same order: an "
                    "all_reduce that only one rank makes waits for a partner that never comes "
                    "(no `if dist.get_rank() == 0:` around it)")
+_RETURNED_NONE_HINT = ("dist.all_reduce works in place and returns None: do not assign its "
+                       "result to p.grad (and do not zero the gradients afterwards)")
+_NOT_A_TENSOR_HINT = ("dist.all_reduce needs a tensor: keep the count as "
+                      "torch.tensor(num_sequences), and call .item() only after the all_reduce")
 
 
 class _TwoRankChecker(Checker):
     """A :class:`Checker` that runs the function on both ranks of a two-process gloo group and
-    compares every rank's gradients with the gradient of the whole batch. A hint is given when
-    a listed mistake leaves the same gradients on both ranks in every case: the mistakes that
-    agree with each other, or with the right answer, on equal shares differ on unequal ones."""
+    compares every rank's gradients with the gradient of all the ranks' sequences together. A
+    hint is given when a listed mistake leaves the same gradients on both ranks in every case:
+    mistakes that agree with each other, or with the right answer, on equal shares differ on
+    unequal ones."""
 
     def run(self, function: Callable) -> Verdict:
         if not callable(function):
             return super().run(function)
-        found = _run_on_two_ranks([function])
+        found = _run_on_two_ranks(function)
         if isinstance(found, str):
             return Verdict(False, f"{FAIL} {found}")
-        found = [found[0][0], found[1][0]]          # per rank, per case
         for number, shares in enumerate(self.cases, start=1):
             where = (f"case {number}: for input (model, num_sequences) with shares {shares} "
                      f"on ranks 0 and 1")
-            for rank in (0, 1):
-                if len(found[rank]) < number:
-                    return Verdict(False, f"{FAIL} {where}, rank {rank} stopped: the other "
-                                          f"rank's error ended the run")
-                got = found[rank][number - 1]
-                if isinstance(got[0], str):
-                    name, message = got
-                    if name == "NotImplementedError":
-                        return Verdict(False, f"{FAIL} not implemented yet")
-                    if "gloo" in message:       # a collective the other rank never joined
-                        return Verdict(False, f"{FAIL} {where}, rank {rank} waited in vain for "
-                                              f"the other rank. Hint: {_UNMATCHED_HINT}")
-                    return Verdict(False, f"{FAIL} {where}: on rank {rank}, your function "
-                                          f"raised {name}: {message}")
+            problem = self._problem_in(found, number, where)
+            if problem is not None:
+                return Verdict(False, problem)
             whole = _gradients(slice(0, sum(shares)))
             for rank in (0, 1):
-                if not _same(found[rank][number - 1], whole):
+                got = found[rank][number - 1][1]
+                if not _same(got, whole):
+                    name, gap = max(((name, _gap(a, b)) for name, a, b in zip(_NAMES, got, whole)),
+                                    key=lambda item: item[1])
                     message = (f"{FAIL} {where}, rank {rank}'s gradients are not the gradient "
-                               f"of the mean loss over all {sum(shares)} sequences")
+                               f"of the mean loss over all {sum(shares)} sequences ({name} "
+                               f"differs by up to {gap:.1e})")
                     hint = self._hint(found)
                     return Verdict(False, f"{message}. Hint: {hint}" if hint else message)
         return Verdict(True, f"{PASS} all {len(self.cases)} checks passed")
+
+    def _problem_in(self, found: list[list], number: int, where: str) -> str | None:
+        """What stopped case ``number`` before its gradients could be compared: the learner's
+        own error on either rank first, then a collective only one rank made, then a gradient
+        left as None; else None."""
+        got = {rank: found[rank][number - 1] for rank in (0, 1) if len(found[rank]) >= number}
+        errors = [(rank, result) for rank, result in got.items() if result[0] == "error"]
+        for rank, (_, name, message) in errors:
+            if name == "NotImplementedError":
+                return f"{FAIL} not implemented yet"
+        own = [(rank, result) for rank, result in errors if "gloo" not in result[2]]
+        if own:
+            rank, (_, name, message) = own[0]
+            text = f"{FAIL} {where}: on rank {rank}, your function raised {name}: {message}"
+            if name == "TypeError" and "Expected parameter `tensor`" in message:
+                text += f". Hint: {_NOT_A_TENSOR_HINT}"
+            return text
+        if errors or len(got) < 2:
+            rank = errors[0][0] if errors else min(got, default=0)
+            return (f"{FAIL} {where}, rank {rank} waited in vain for the other rank. "
+                    f"Hint: {_UNMATCHED_HINT}")
+        for rank in (0, 1):
+            for name, grad in zip(_NAMES, got[rank][1]):
+                if not isinstance(grad, Tensor):
+                    return (f"{FAIL} {where}: after your function, p.grad of {name} is None on "
+                            f"rank {rank}. Hint: {_RETURNED_NONE_HINT}")
+        return None
 
     def _hint(self, found: list[list]) -> str | None:
         """The first mistake that leaves what the learner's function left, rank by rank, in
         every case it finished."""
         done = [(shares, local, number) for number, (shares, local) in enumerate(self._locals())
-                if all(len(found[r]) > number and not isinstance(found[r][number][0], str)
+                if all(len(found[r]) > number and found[r][number][0] == "grads"
                        for r in (0, 1))]
         for hint, (_, left) in _AVERAGING_MISTAKES.items():
-            if all(_same(found[rank][number], [left(pair, shares, rank) for pair in zip(*local)])
+            if all(_same(found[rank][number][1],
+                         [left(pair, shares, rank) for pair in zip(*local)])
                    for shares, local, number in done for rank in (0, 1)):
                 return hint
         return None
@@ -516,9 +593,18 @@ class _TwoRankChecker(Checker):
                           for r in (0, 1)]) for shares in self.cases]
 
 
+def _gap(got: Tensor, expected: Tensor) -> float:
+    """The largest difference, infinite for a tensor of another shape."""
+    if not isinstance(got, Tensor) or got.shape != expected.shape:
+        return float("inf")
+    return (got - expected).abs().max().item()
+
+
 def _same(got: list, expected: list[Tensor]) -> bool:
+    """Equal to float32's precision: a scale factor computed in float32 (a count tensor of the
+    default dtype) is a right answer; every listed mistake is off by far more."""
     return len(got) == len(expected) and all(
-        isinstance(a, Tensor) and a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-12)
+        isinstance(a, Tensor) and a.shape == b.shape and torch.allclose(a, b, rtol=1e-6, atol=1e-9)
         for a, b in zip(got, expected))
 
 

@@ -47,10 +47,11 @@ class TrainingHistory:
 def learning_rate(step: int, *, steps: int, lr: float, warmup_steps: int) -> float:
     """The schedule of :func:`train`: a linear warm-up from ``lr / warmup_steps`` to ``lr`` over
     the first ``warmup_steps`` steps, then a cosine decay to ``lr / 10`` at the last step.
-    ``step`` counts from 0."""
+    ``step`` counts from 0, so step 0 already takes ``lr / warmup_steps``, not 0. A step past
+    the last (``step >= steps``) stays at ``lr / 10``: the cosine is not followed back up."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, steps - 1 - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / max(1, steps - 1 - warmup_steps))
     return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 

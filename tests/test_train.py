@@ -228,3 +228,12 @@ def test_training_ignores_targets_of_minus_100():
     torch.testing.assert_close(loss, expected)
     with pytest.raises(ValueError, match="every position of targets is -100"):
         model(idx, torch.full_like(idx, -100))
+
+
+def test_learning_rate_starts_above_zero_and_stays_at_the_floor_after_the_last_step():
+    """Step 0 takes lr / warmup_steps; after the last step the rate stays at lr / 10 (it used
+    to follow the cosine back up past ``steps``)."""
+    assert learning_rate(0, steps=100, lr=1.0, warmup_steps=10) == pytest.approx(0.1)
+    assert learning_rate(99, steps=100, lr=1.0, warmup_steps=10) == pytest.approx(0.1)
+    for step in (100, 150, 189, 1000):
+        assert learning_rate(step, steps=100, lr=1.0, warmup_steps=10) == pytest.approx(0.1)

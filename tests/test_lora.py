@@ -24,6 +24,9 @@ from minitransformer.lora import (LoRALinear, add_lora, load_adapter, merge_lora
 pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")
 peft_required = pytest.mark.skipif(
     __import__("importlib").util.find_spec("peft") is None, reason="peft is not installed")
+transformers_required = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("transformers") is None,
+    reason="transformers is not installed")
 
 
 def generator(seed: int = 0) -> torch.Generator:
@@ -235,7 +238,7 @@ def their_model(path):
     return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
 
 
-@peft_required
+@transformers_required
 def test_a_merged_model_saved_with_save_pretrained_loads_in_transformers(llama_base, tmp_path):
     model = random_B(add_lora(Llama.from_pretrained(llama_base), r=4, alpha=8))
     unmerged = logits(model)

@@ -417,6 +417,9 @@ class BPETokenizer:
         it), a ``tokenizer.json`` whose normalizer, pre-tokenizer or model is not GPT-2's.
         """
         check_type("path", path, (str, os.PathLike), "a str or path")
+        if not str(os.fspath(path)).strip():
+            raise ValueError(f"path is empty ({os.fspath(path)!r}): pass the tokenizer's "
+                             f"directory")
         declared = _declared_special_tokens(path)
         tokenizer_path = os.path.join(path, TOKENIZER_FILE)
         if os.path.isfile(tokenizer_path):

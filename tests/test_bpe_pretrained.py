@@ -282,6 +282,14 @@ def test_missing_files_are_file_not_found_errors_with_the_path(tmp_path):
         BPETokenizer.from_pretrained(3)
 
 
+@pytest.mark.parametrize("path", ["", " "])
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(tmp_path, monkeypatch,
+                                                                   fixture_pair, path):
+    monkeypatch.chdir(fixture_copy(tmp_path))
+    with pytest.raises(ValueError, match="path is empty"):
+        BPETokenizer.from_pretrained(path)
+
+
 @pytest.mark.parametrize("broken, file, message", [
     (lambda d: (d / "vocab.json").write_text("{not json"), "vocab.json", "not JSON"),
     (lambda d: (d / "vocab.json").write_bytes(b"\xff\xfe{}"), "vocab.json", "not JSON"),

@@ -354,7 +354,8 @@ class Seq2Seq(nn.Module):
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: {exc}") from None
         weights = str(folder / pretrained.WEIGHTS_FILE)
-        pretrained.check_names(tensors, pretrained.meta_model(cls, config).state_dict(), source=weights,
+        pretrained.check_names(tensors, pretrained.meta_model(cls, config).state_dict(),
+                               source=weights,
                                model=f"a Seq2Seq with num_layers={config.num_layers}")
         pretrained.check_tied(tensors, "head.weight", "tgt_token_embedding.weight",
                               source=weights, config=str(source))

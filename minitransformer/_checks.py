@@ -227,10 +227,66 @@ def _check_no_empty_rows(attn_mask: Tensor, name: str) -> None:
 
 def factory_kwargs(device: torch.device | str | None,
                    dtype: torch.dtype | None) -> dict[str, object]:
-    """The ``device=``/``dtype=`` pair every module passes on to the layers it creates."""
-    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    return {"device": device, "dtype": dtype}
+    """The ``device=``/``dtype=`` pair every module passes on to the layers it creates, after
+    checking both: a device that exists here (:func:`check_device`), a dtype a model can compute
+    in (:func:`check_compute_dtype`)."""
+    if dtype is not None:
+        check_compute_dtype(dtype)
+    return {"device": check_device(device), "dtype": dtype}
+
+
+# the floating dtypes a model computes in; float8 and the like only store numbers
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_compute_dtype(dtype: object, *, name: str = "dtype", source: str = "") -> torch.dtype:
+    """A floating dtype that matrix products and layer norms run in (float16, bfloat16,
+    float32, float64); float8 formats are refused by name. ``source`` prefixes the message."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{source}{name} must be a floating-point torch.dtype, got {dtype!r}")
+    if dtype not in COMPUTE_DTYPES:
+        shown = str(dtype).removeprefix("torch.")
+        raise ValueError(f"{source}{name} is {shown}, a storage format a model cannot compute "
+                         f"in: use one of float16, bfloat16, float32, float64")
+    return dtype
+
+
+_AVAILABLE: set[torch.device] = set()  # devices a tensor was once created on, in this process
+
+
+def check_device(device: object, *, name: str = "device") -> torch.device | None:
+    """``device`` as a :class:`torch.device` that exists in this process, or ``None``.
+
+    A name PyTorch does not know (``"toaster"``) and a device it knows but cannot reach here
+    (``"mps"`` off a Mac, ``"cuda"`` without a GPU, ``"cuda:3"`` with one GPU) are a
+    ``ValueError`` naming it, found by creating an empty tensor there once.
+    """
+    if device is None:
+        return None
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise TypeError(f"{name} must be a str or torch.device such as 'cpu' or 'cuda', got "
+                        f"{_type_name(device)}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{name} {device!r} is not a device PyTorch knows ({reason})") \
+            from None
+    if device not in _AVAILABLE:
+        try:
+            torch.empty(0, device=device)
+        except Exception as exc:  # noqa: BLE001 - NotImplementedError, AssertionError, ...
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0].split(". ")[0]
+            raise ValueError(f"{name} {str(device)!r} is not available here ({reason}); "
+                             f"use 'cpu'{_cuda_hint()}") from None
+        _AVAILABLE.add(device)
+    return device
+
+
+def _cuda_hint() -> str:
+    if not torch.cuda.is_available():
+        return ""
+    return f" or 'cuda' ({torch.cuda.device_count()} GPU(s) here)"
 
 
 def check_scores(x: Tensor, dim: int = -1) -> Tensor:

@@ -50,6 +50,8 @@ _FORMAT = "minitransformer.bpe"
 _FORMAT_VERSIONS = (1, 2)  # 2 adds special tokens and file ids; plain tokenizers still write 1
 _CACHE_LIMIT = 100_000
 VOCAB_FILE, MERGES_FILE, CONFIG_FILE = "vocab.json", "merges.txt", "tokenizer_config.json"
+TOKENIZER_FILE = "tokenizer.json"  # the tokenizers library's one-file format (transformers 5)
+END_OF_TEXT = "<|endoftext|>"  # GPT-2's tokenizer class makes it bos, eos and unk by default
 
 
 # ----- the algorithm, as the chapter writes it -------------------------------------------------
@@ -395,33 +397,57 @@ class BPETokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> BPETokenizer:
-        """Read GPT-2's tokenizer files from the directory ``path``: ``vocab.json`` (token name
-        -> id, names written with ``bytes_to_unicode``) and ``merges.txt`` (an optional
-        ``#version`` line, then one merge per line, ``first second``, earliest first).
+        """Read a GPT-2 tokenizer from the directory ``path``: ``tokenizer.json`` when it is
+        there (the tokenizers library's file, the only one transformers 5 writes), else GPT-2's
+        ``vocab.json`` (token name -> id, names written with ``bytes_to_unicode``) and
+        ``merges.txt`` (an optional ``#version`` line, then one merge per line, ``first
+        second``, earliest first).
 
-        The pattern is ``GPT2_PATTERN``. Each entry of ``vocab.json`` that is neither a byte
-        nor made by a merge, such as ``<|endoftext|>``, is a special token. The ids are the
-        file's, in any order. Splitting text into pieces uses the ``regex`` module's Unicode
-        tables; transformers' (Oniguruma) may know fewer characters, so text with characters
-        added to Unicode since can split differently.
+        The pattern is ``GPT2_PATTERN``. Every token must be a byte, made by a merge, or a
+        declared special token: an added token of ``tokenizer.json``, or one that
+        ``tokenizer_config.json`` names (``added_tokens_decoder``, ``bos_token``, ...;
+        ``<|endoftext|>``, GPT-2's default, when it names none). The ids are the file's, in any
+        order. Splitting text into pieces uses the ``regex`` module's Unicode tables;
+        transformers' (Oniguruma) may know fewer characters, so text with characters added to
+        Unicode since can split differently.
 
         Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for
-        one that is not GPT-2's format, for example a merge of a token not in ``vocab.json``.
+        one that is not GPT-2's format: a merge of a token not in the vocabulary, a token that
+        is neither made by the merges nor declared special (transformers would never produce
+        it), a ``tokenizer.json`` whose normalizer, pre-tokenizer or model is not GPT-2's.
         """
         check_type("path", path, (str, os.PathLike), "a str or path")
+        if not str(os.fspath(path)).strip():
+            raise ValueError(f"path is empty ({os.fspath(path)!r}): pass the tokenizer's "
+                             f"directory")
+        declared = _declared_special_tokens(path)
+        tokenizer_path = os.path.join(path, TOKENIZER_FILE)
+        if os.path.isfile(tokenizer_path):
+            vocab, merge_lines, added = _read_tokenizer_json(tokenizer_path)
+            return cls._from_files(vocab, merge_lines, declared | added, tokenizer_path,
+                                   tokenizer_path)
         vocab_path = os.path.join(path, VOCAB_FILE)
         merges_path = os.path.join(path, MERGES_FILE)
         for file in (vocab_path, merges_path):
             if not os.path.isfile(file):
                 raise FileNotFoundError(
                     2, f"no {os.path.basename(file)} in {os.fspath(path)!r} (a GPT-2 tokenizer "
-                    f"directory holds {VOCAB_FILE} and {MERGES_FILE}; download GPT-2's with "
+                    f"directory holds {TOKENIZER_FILE}, or {VOCAB_FILE} and {MERGES_FILE}; "
+                    f"download GPT-2's with "
                     f"huggingface_hub.snapshot_download(\"openai-community/gpt2\"))", file)
         vocab = _read_vocab(vocab_path)
+        merge_lines = [(f"{merges_path} line {line_no} ({first} {second})", first, second)
+                       for line_no, first, second in _read_merge_lines(merges_path)]
+        return cls._from_files(vocab, merge_lines, declared, vocab_path, merges_path)
+
+    @classmethod
+    def _from_files(cls, vocab: dict[str, int], merge_lines: list[tuple[str, str, str]],
+                    declared: set[str], vocab_path: str, merges_path: str) -> BPETokenizer:
+        """The tokenizer of a vocabulary (name -> file id) and its merges ``(where, first,
+        second)``; ``declared`` are the names that may be special tokens."""
         own = _own_ids_of_bytes(vocab, vocab_path)  # token name -> the chapter's id
         merges = []
-        for line_no, first, second in _read_merge_lines(merges_path):
-            where = f"{merges_path} line {line_no} ({first} {second})"
+        for where, first, second in merge_lines:
             for name in (first, second, first + second):
                 if name not in vocab:
                     raise ValueError(f"{where}: {name!r} is not in {vocab_path}")
@@ -434,17 +460,27 @@ class BPETokenizer:
             own[first + second] = 256 + len(merges)
             merges.append(((own[first], own[second]), 256 + len(merges)))
         specials = sorted((i, name) for name, i in vocab.items() if name not in own)
+        for i, name in specials:
+            if name not in declared:
+                raise ValueError(f"{vocab_path}: the token {name!r} (id {i}) is neither a byte "
+                                 f"nor made by the merges of {merges_path}, and no file "
+                                 f"declares it a special token, so transformers would never "
+                                 f"produce it; declare it in {CONFIG_FILE}'s "
+                                 f"added_tokens_decoder or remove it")
         file_ids = [vocab[name] for name in own] + [i for i, _ in specials]
         try:
             return cls(merges, pattern=GPT2_PATTERN,
                        special_tokens=[name for _, name in specials], file_ids=file_ids)
         except (TypeError, ValueError) as error:
-            raise ValueError(f"{vocab_path} and {merges_path} do not make a tokenizer: "
-                             f"{error}") from None
+            where = (vocab_path if vocab_path == merges_path
+                     else f"{vocab_path} and {merges_path}")
+            raise ValueError(f"{where} do not make a tokenizer: {error}") from None
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Write GPT-2's files to the directory ``path`` (created if needed): ``vocab.json``,
-        ``merges.txt`` and the ``tokenizer_config.json`` that
+        ``merges.txt``, the same vocabulary and merges as the tokenizers library's
+        ``tokenizer.json`` (what transformers 5 reads first), and the ``tokenizer_config.json``
+        that
         ``transformers.AutoTokenizer.from_pretrained(path)`` reads, declaring this tokenizer's
         special tokens and no others (``<|endoftext|>``, when there, as GPT-2's end of text).
 
@@ -468,13 +504,16 @@ class BPETokenizer:
                 raise ValueError(f"tokens {vocab[name]} and {ids[own_id]} would both be named "
                                  f"{name!r} in {VOCAB_FILE}: GPT-2's files cannot hold both")
             vocab[name] = ids[own_id]
+        vocab = dict(sorted(vocab.items(), key=lambda item: item[1]))
+        pairs = [(names[a], names[b]) for (a, b), _ in self.merges]
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, VOCAB_FILE), "w", encoding="utf-8") as f:
-            json.dump(dict(sorted(vocab.items(), key=lambda item: item[1])), f,
-                      ensure_ascii=False)
+            json.dump(vocab, f, ensure_ascii=False)
         with open(os.path.join(path, MERGES_FILE), "w", encoding="utf-8") as f:
             f.write("#version: 0.2\n")
-            f.writelines(f"{names[a]} {names[b]}\n" for (a, b), _ in self.merges)
+            f.writelines(f"{a} {b}\n" for a, b in pairs)
+        with open(os.path.join(path, TOKENIZER_FILE), "w", encoding="utf-8") as f:
+            json.dump(_tokenizer_json(vocab, pairs, self.special_tokens), f, ensure_ascii=False)
         with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
             json.dump(_transformers_config(self.special_tokens), f, indent=2)
             f.write("\n")
@@ -651,6 +690,10 @@ def _read_vocab(path: str) -> dict[str, int]:
     vocab = _read_json(path, "GPT-2's vocab.json")
     if not isinstance(vocab, dict):
         raise ValueError(f"{path} is not GPT-2's vocab.json: not a JSON object")
+    return _checked_vocab(vocab, path)
+
+
+def _checked_vocab(vocab: dict, path: str) -> dict[str, int]:
     for name, i in vocab.items():
         if not name:
             raise ValueError(f"{path}: a token has an empty name")
@@ -659,6 +702,144 @@ def _read_vocab(path: str) -> dict[str, int]:
     if sorted(vocab.values()) != list(range(len(vocab))):
         raise ValueError(f"{path}: the ids must be 0..{len(vocab) - 1}, each once")
     return vocab
+
+
+def _special_name(value: object, where: str) -> str | None:
+    """A special token as ``tokenizer_config.json`` writes it: a string, an object with a
+    ``content``, or ``null``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"{where} must be a token (a string or an object with a content), got "
+                     f"{value!r:.60}")
+
+
+def _declared_special_tokens(path: str | os.PathLike) -> set[str]:
+    """The tokens ``tokenizer_config.json`` declares special: its ``added_tokens_decoder``,
+    ``additional_special_tokens``, ``extra_special_tokens`` and the bos, eos, unk and pad
+    tokens, with GPT-2's default ``<|endoftext|>`` for a bos, eos or unk it does not set (and
+    when there is no such file)."""
+    roles: dict[str, object] = {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT,
+                                "unk_token": END_OF_TEXT, "pad_token": None}
+    config_path = os.path.join(path, CONFIG_FILE)
+    listed: list[tuple[str, object]] = []
+    if os.path.isfile(config_path):
+        config = _read_json(config_path, "a tokenizer_config.json")
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path} is not a tokenizer_config.json: not a JSON object")
+        roles.update((role, config[role]) for role in roles if role in config)
+        for key in ("additional_special_tokens", "extra_special_tokens", "added_tokens_decoder"):
+            value = config.get(key) or []
+            if isinstance(value, dict):
+                value = list(value.values())
+            if not isinstance(value, list):
+                raise ValueError(f"{config_path}: {key} must be a list or an object, got "
+                                 f"{value!r:.60}")
+            listed += [(f"{config_path}: an entry of {key}", item) for item in value]
+    listed += [(f"{config_path}: {role}", value) for role, value in roles.items()]
+    return {name for where, value in listed
+            if (name := _special_name(value, where)) is not None}
+
+
+def _read_tokenizer_json(path: str) -> tuple[dict[str, int], list[tuple[str, str, str]],
+                                              set[str]]:
+    """``(vocab, merges, added)`` of the tokenizers library's ``tokenizer.json`` for a GPT-2
+    style byte-level BPE: the vocabulary with the added tokens (name -> id), the merges as
+    ``(where, first, second)``, and the added tokens' names."""
+    data = _read_json(path, "a tokenizers tokenizer.json")
+    if isinstance(data, dict) and data.get("format") == _FORMAT:
+        raise ValueError(f"{path} is this package's own tokenizer file (BPETokenizer.save), "
+                         f"not the tokenizers library's: read it with BPETokenizer.load")
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ValueError(f"{path} is not a tokenizers tokenizer.json: no \"model\" object")
+
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"{path}: {why}, which GPT-2's byte-level BPE (BPETokenizer) "
+                          f"does not do")
+
+    model = data["model"]
+    if model.get("type") != "BPE":
+        raise refuse(f"the model type is {model.get('type')!r}, not 'BPE'")
+    for key, fine in (("dropout", (None,)), ("continuing_subword_prefix", (None, "")),
+                      ("end_of_word_suffix", (None, "")), ("ignore_merges", (None, False)),
+                      ("byte_fallback", (None, False))):
+        if model.get(key) not in fine:
+            raise refuse(f"the model's {key} is {model.get(key)!r}")
+    if data.get("normalizer") is not None:
+        raise refuse(f"it has a normalizer ({_kind(data['normalizer'])})")
+    pre = data.get("pre_tokenizer")
+    if not (isinstance(pre, dict) and pre.get("type") == "ByteLevel"
+            and pre.get("add_prefix_space") is False and pre.get("use_regex", True) is True):
+        raise refuse(f"the pre_tokenizer is {_kind(pre)}, not ByteLevel with GPT-2's pattern "
+                     f"and add_prefix_space false")
+    post = data.get("post_processor")
+    if post is not None and post.get("type") != "ByteLevel" and not _adds_nothing(post):
+        raise refuse(f"the post_processor ({_kind(post)}) adds tokens around each text")
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        raise ValueError(f"{path} is not a tokenizers tokenizer.json: model.vocab is not an "
+                         f"object")
+    vocab = dict(vocab)
+    added = set()
+    for k, token in enumerate(data.get("added_tokens") or []):
+        where = f"{path}: added_tokens[{k}]"
+        if not (isinstance(token, dict) and isinstance(token.get("content"), str)
+                and token["content"] and type(token.get("id")) is int):
+            raise ValueError(f"{where} must be an object with a content and an int id")
+        for flag in ("lstrip", "rstrip", "single_word"):
+            if token.get(flag):
+                raise refuse(f"added token {token['content']!r} has {flag} set")
+        name = token["content"]
+        if vocab.setdefault(name, token["id"]) != token["id"]:
+            raise ValueError(f"{where}: {name!r} has id {token['id']}, but {vocab[name]} in "
+                             f"model.vocab")
+        added.add(name)
+    merges = model.get("merges")
+    if not isinstance(merges, list):
+        raise ValueError(f"{path} is not a tokenizers tokenizer.json: model.merges is not a "
+                         f"list")
+    lines = []
+    for k, merge in enumerate(merges):
+        pair = merge.split(" ") if isinstance(merge, str) else merge
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(part, str) and part for part in pair)):
+            raise ValueError(f"{path}: model.merges[{k}] is not two tokens: {merge!r:.60}")
+        lines.append((f"{path} merge {k} ({pair[0]} {pair[1]})", *pair))
+    return _checked_vocab(vocab, path), lines, added
+
+
+def _kind(component: object) -> str:
+    return repr(component.get("type")) if isinstance(component, dict) else repr(component)
+
+
+def _adds_nothing(post: object) -> bool:
+    """A ``TemplateProcessing`` that puts no token around a text (what transformers 5 writes
+    for GPT-2)."""
+    return (isinstance(post, dict) and post.get("type") == "TemplateProcessing"
+            and all(isinstance(item, dict) and "Sequence" in item
+                    for key in ("single", "pair") for item in post.get(key) or []))
+
+
+def _tokenizer_json(vocab: dict[str, int], merges: list[tuple[str, str]],
+                    special_tokens: dict[str, int]) -> dict:
+    """The tokenizers library's ``tokenizer.json`` of GPT-2's byte-level BPE: its vocabulary,
+    merges and special tokens, split and decoded as GPT-2 does."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}
+                         for s, i in sorted(special_tokens.items(), key=lambda item: item[1])],
+        "normalizer": None, "pre_tokenizer": byte_level,
+        "post_processor": {**byte_level, "trim_offsets": False},
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": False,
+                  "byte_fallback": False, "ignore_merges": False, "vocab": vocab,
+                  "merges": [list(pair) for pair in merges]},
+    }
 
 
 def _own_ids_of_bytes(vocab: dict[str, int], path: str) -> dict[str, int]:

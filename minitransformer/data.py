@@ -99,6 +99,14 @@ def command_sentences(num_sentences: int, *, seed: int = 0, max_distance: int = 
     return [" ".join(_sentence(rng, max_distance)) for _ in range(num_sentences)]
 
 
+def count_commands(max_distance: int = 12) -> int:
+    """How many distinct sentences the command language has with the far word at most
+    ``max_distance`` words before *ran*: an opener, a far word, and what stands between."""
+    max_distance = _check_distance(max_distance)
+    middles = sum(len(_MIDDLES.get(d, ())) for d in range(MIN_DISTANCE, max_distance + 1))
+    return len(_OPENERS) * len(CUES) * middles
+
+
 def command_splits(num_train: int, num_val: int, *, seed: int = 0,
                    max_distance: int = 12) -> tuple[list[str], list[str]]:
     """Train and validation sentences, all distinct: no validation sentence is in training.
@@ -113,8 +121,13 @@ def command_splits(num_train: int, num_val: int, *, seed: int = 0,
     _checks.check_int("num_train", num_train)
     _checks.check_int("num_val", num_val)
     max_distance = _check_distance(max_distance)
+    wanted, exist = num_train + num_val, count_commands(max_distance)
+    if wanted > exist:
+        raise ValueError(f"the command language has {exist} distinct sentences with "
+                         f"max_distance={max_distance}, fewer than the {wanted} asked for "
+                         f"(num_train={num_train} + num_val={num_val})")
     rng = random.Random(seed)
-    wanted, seen, tries = num_train + num_val, {}, 0
+    seen, tries = {}, 0
     while len(seen) < wanted:
         seen.setdefault(" ".join(_sentence(rng, max_distance)), None)
         tries += 1
@@ -182,6 +195,7 @@ def token_stream(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS,
     """
     _check_sentences("sentences", sentences)
     _check_vocab("vocab", vocab)
+    device = _checks.check_device(device)
     end = vocab.index(eos)
     ids = [i for sentence in sentences for i in [*vocab.encode(sentence), end]]
     return torch.tensor(ids, dtype=torch.long, device=device or "cpu")
@@ -260,6 +274,7 @@ def cue_batch(sentences: Sequence[str], vocab: Vocabulary, *, eos: str = EOS,
     _check_vocab("vocab", vocab)
     if not sentences:
         raise ValueError("cue_batch needs at least one sentence")
+    device = _checks.check_device(device)
     end = vocab.index(eos)
     rows, positions, cues, distances = [], [], [], []
     for sentence in sentences:
@@ -334,6 +349,17 @@ def _command(rng: random.Random) -> str:
     return " ".join(words)
 
 
+def count_translation_commands() -> int:
+    """How many distinct commands the translation grammar makes (what :func:`_command` can
+    draw): verb [me] OBJECT [PLACE] [please]."""
+    groups = [len(g) for g in _ADJECTIVE_GROUPS]
+    adjectives = 1 + sum(groups) + sum(a * b for a, b in itertools.combinations(groups, 2))
+    obj = (1 + len(_DETERMINERS)) * adjectives * len(_NOUNS)
+    place = len(_PREPOSITIONS) * 2 * adjectives * len(_PLACES)           # "my" or "the"
+    verbs = len(_VERBS) + len(_VERBS_WITH_ME)                             # with and without me
+    return verbs * obj * (1 + place) * 2                                  # [please]
+
+
 def translate_command(sentence: str) -> str:
     """The reference translation of a command: the rule a translation model has to find.
 
@@ -366,6 +392,9 @@ def translation_pairs(num_pairs: int, *, seed: int = 0) -> list[tuple[str, str]]
     [('open broken directories please', 'bo dira rompa abra')]
     """
     _checks.check_int("num_pairs", num_pairs)
+    if num_pairs > count_translation_commands():
+        raise ValueError(f"the translation corpus has {count_translation_commands()} distinct "
+                         f"commands, fewer than the {num_pairs} pairs asked for")
     rng = random.Random(seed)
     sources: dict[str, None] = {}
     while len(sources) < num_pairs:
@@ -401,6 +430,7 @@ def pad_sequences(sequences: Sequence[Sequence[int]], *, pad_id: int = 0,
     if isinstance(sequences, (str, Tensor)) or not sequences:
         raise ValueError("sequences must be a non-empty list of lists of token ids")
     _checks.check_int("pad_id", pad_id, low=0)
+    device = _checks.check_device(device)
     for i, row in enumerate(sequences):
         if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
             raise TypeError(f"sequences[{i}] must be a list of token ids, got "
@@ -433,6 +463,7 @@ def translation_batch(pairs: Sequence[tuple[str, str]], src_vocab: Vocabulary,
                             f"{pair!r:.60}")
     _check_vocab("src_vocab", src_vocab)
     _check_vocab("tgt_vocab", tgt_vocab)
+    device = _checks.check_device(device)
     pad, bos, eos = (tgt_vocab.index(token) for token in TRANSLATION_SPECIALS)
     sources = [src_vocab.encode(source) for source, _ in pairs]
     targets = [tgt_vocab.encode(target) for _, target in pairs]
@@ -449,6 +480,7 @@ def translation_batches(pairs: Sequence[tuple[str, str]], src_vocab: Vocabulary,
     (repeatably, by ``seed``), cut into batches, shuffled again; each batch padded to its own
     longest sentence. A remainder smaller than a batch is left for the next round."""
     _checks.check_int("batch_size", batch_size)
+    _checks.check_device(device)
     if batch_size > len(pairs):
         raise ValueError(f"batch_size={batch_size} is more than the {len(pairs)} pairs")
     rng = random.Random(seed)

@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from minitransformer import _checks
+
 ENV_VAR = "MINITRANSFORMER_DEVICE"
 
 
@@ -21,12 +23,14 @@ def default_device() -> torch.device:
     ``MINITRANSFORMER_DEVICE`` (for example ``cpu`` or ``cuda:1``) overrides the choice.
 
     Raises:
-        ValueError: the variable names something PyTorch does not recognise as a device.
+        ValueError: the variable names something PyTorch does not recognise as a device, or a
+            device this machine does not have (``mps`` off a Mac, ``cuda`` without a GPU).
     """
     name = os.environ.get(ENV_VAR, "").strip()
     if name:
         try:
-            return torch.device(name)
-        except RuntimeError as exc:
-            raise ValueError(f"{ENV_VAR}={name!r} is not a device PyTorch knows: {exc}") from None
+            return _checks.check_device(name, name=ENV_VAR)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace(f"{ENV_VAR} {name!r}", f"{ENV_VAR}={name!r}", 1)) \
+                from None
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

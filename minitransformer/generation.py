@@ -43,12 +43,14 @@ def sample_next(
 
     Args:
         logits: float tensor of shape ``(..., V)``, one score per vocabulary word.
-        temperature: ``0`` (greedy) or a positive number.
+        temperature: ``0`` (greedy) or a positive number; one too small to divide the
+            scores by (1e-300 in float32) is greedy as well.
         top_k: keep only the ``k`` highest-scoring words, ``1 <= k <= V``; ``None`` keeps all.
         top_p: keep the smallest set of best words with total probability ``>= top_p``,
             ``0 < top_p <= 1`` (after temperature and ``top_k``); ``None`` keeps all.
         presence_penalty, frequency_penalty: finite numbers (negative ones favour repeats).
-        counts: ``(..., V)`` how often each word was written so far, needed by a penalty.
+        counts: ``(..., V)`` how often each word was written so far (numbers >= 0, no NaN),
+            needed by a penalty.
         generator: a seeded ``torch.Generator`` on the logits' device, for repeatable draws.
 
     Returns:
@@ -58,8 +60,8 @@ def sample_next(
         TypeError: ``logits`` is not a floating-point tensor; an option of the wrong type.
         ValueError: ``logits`` without a dimension, a negative or non-finite temperature, a
             ``top_k`` outside ``[1, V]``, a ``top_p`` outside ``(0, 1]``, a non-finite penalty,
-            a penalty without ``counts`` or ``counts`` shaped unlike ``logits``, or scores
-            holding NaN or ``+inf``, or all ``-inf`` in a row.
+            a penalty without ``counts``, ``counts`` shaped unlike ``logits``, negative or NaN,
+            or scores holding NaN or ``+inf``, or all ``-inf`` in a row.
     """
     _checks.check_float_tensor("logits", logits, min_ndim=1)
     vocab_size = logits.shape[-1]
@@ -71,9 +73,28 @@ def sample_next(
             got = _checks.shape(counts) if isinstance(counts, Tensor) else type(counts).__name__
             raise ValueError(f"a presence or frequency penalty needs counts of the logits' shape "
                              f"{_checks.shape(logits)}, got {got}")
+    if counts is not None:
+        _check_counts(counts, logits)
     _checks.check_scores(logits)  # as softmax does: no NaN or +inf, no row that is all -inf
     return _choose(logits, temperature, top_k, top_p, presence_penalty, frequency_penalty,
                    counts, generator)
+
+
+def _check_counts(counts: object, logits: Tensor) -> None:
+    """``counts``: how often each word was written, so numbers >= 0 (no NaN), on the logits'
+    device; a negative or NaN count would turn a penalty into a reward or every score into
+    NaN."""
+    if not isinstance(counts, Tensor) or counts.is_complex():
+        raise TypeError(f"counts must be a tensor of counts (int or float), got "
+                        f"{_checks._type_name(counts)}")
+    if counts.device != logits.device:
+        raise ValueError(f"counts is on {counts.device} and logits on {logits.device}")
+    if counts.numel() and counts.device.type != "meta" and counts.dtype != torch.bool:
+        if counts.is_floating_point() and not bool(torch.isfinite(counts).all()):
+            raise ValueError("counts must be finite numbers >= 0, got NaN or inf")
+        if bool((counts < 0).any()):
+            raise ValueError(f"counts must be >= 0 (how often each word was written), got "
+                             f"{counts.min().item()}")
 
 
 def _choose(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
@@ -83,8 +104,8 @@ def _choose(logits: Tensor, temperature: float, top_k: int | None, top_p: float 
     if presence_penalty or frequency_penalty:
         counts = counts.to(logits.dtype)
         logits = logits - presence_penalty * (counts > 0) - frequency_penalty * counts
-    if temperature == 0:
-        return logits.argmax(dim=-1)
+    if temperature == 0 or _rounds_to_zero(temperature, logits.dtype):
+        return logits.argmax(dim=-1)    # a temperature too small to divide by is greedy too
     # Shift each row's best score to 0 first: dividing by a tiny temperature then cannot overflow.
     scores = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # (..., V)
     if top_k is not None:
@@ -99,6 +120,12 @@ def _choose(logits: Tensor, temperature: float, top_k: int | None, top_p: float 
         return torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
     ids = torch.multinomial(flat, num_samples=1, generator=generator)  # (rows, 1)
     return ids.reshape(logits.shape[:-1])
+
+
+def _rounds_to_zero(temperature: float, dtype: torch.dtype) -> bool:
+    """Whether dividing scores of ``dtype`` by ``temperature`` divides by zero (1e-300 is 0
+    in float32): the best score would become 0/0, NaN."""
+    return bool(torch.isnan(torch.zeros((), dtype=dtype, device="cpu") / temperature))
 
 
 def _outside_nucleus(scores: Tensor, top_p: float) -> Tensor:
@@ -174,7 +201,8 @@ def generate(
 
     Returns:
         long tensor ``(B, T + n)``, ``n <= max_new_tokens``: the prompt followed by the new
-        tokens (``n < max_new_tokens`` only when every row wrote ``eos_id``).
+        tokens (``n < max_new_tokens`` only when every row wrote ``eos_id``). An empty batch
+        (``B = 0``) gives an empty ``(0, T + max_new_tokens)`` tensor.
 
     Raises:
         TypeError: a model that is not such a language model (an encoder-decoder is pointed to
@@ -199,6 +227,8 @@ def generate(
         raise ValueError(f"the prompt's {idx.shape[1]} tokens plus max_new_tokens="
                          f"{max_new_tokens} make {total}, more than context_length="
                          f"{config.context_length}")
+    if idx.shape[0] == 0:                        # no rows: nothing to run the model on
+        return idx.new_zeros((0, total), dtype=torch.long)
     options = _Sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
                         generator)
     with eval_mode(model), torch.inference_mode():

@@ -451,22 +451,19 @@ class GPT(nn.Module):
         config = _config_from_gpt2(raw, str(folder / pretrained.CONFIG_FILE))
         source = str(folder / pretrained.WEIGHTS_FILE)
         tensors = pretrained.strip_prefix(tensors, "transformer.", source=source)
-        known = set(pretrained.their_names(GPT2_NAMES, config.num_layers).values())
-        for name in tensors:
-            if name not in known and not _GPT2_SKIPPED.fullmatch(name):
-                raise ValueError(f"{source} holds {name!r}, which a GPT-2 model with "
-                                 f"n_layer={config.num_layers} does not have")
+        theirs = pretrained.their_names(GPT2_NAMES, config.num_layers)
+        pretrained.check_names(tensors, theirs.values(), source=source, skipped=_GPT2_SKIPPED,
+                               model=f"a GPT-2 model with n_layer={config.num_layers}")
+        pretrained.check_tied(tensors, "lm_head.weight", "wte.weight", source=source,
+                              config=str(folder / pretrained.CONFIG_FILE))
         state = pretrained.to_ours(tensors, GPT2_NAMES, config.num_layers, source=source)
         if config.positional == "sinusoidal" and not _is_sinusoidal_table(
                 state["position_embedding.weight"], config):
             # the table was changed elsewhere (trained on in transformers): GPT-2's learned
             # positions, so that the logits stay the file's
             config = dataclasses.replace(config, positional="learned")
-        dtype = pretrained.checkpoint_dtype(state, source=source) if dtype is None else dtype
-        model = cls(config, device=device, dtype=dtype)
-        pretrained.load_state(model, state, source=source,
-                              theirs=pretrained.their_names(GPT2_NAMES, config.num_layers))
-        return model.eval()
+        return pretrained.build(cls, config, state, source=source, device=device, dtype=dtype,
+                                theirs=theirs)
 
 
 def _check_targets(targets: Tensor, idx: Tensor, vocab_size: int) -> None:
@@ -570,7 +567,8 @@ def _config_from_gpt2(raw: dict, source: str) -> GPTConfig:
 
 def _init_weights(module: nn.Module) -> None:
     """N(0, 0.02) weights, zero biases: as GPT-1 (Radford et al., 2018) and GPT-2 start."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
+    # on the meta device there are no numbers to draw (from_pretrained checks shapes there)
+    if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
         nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
         if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)

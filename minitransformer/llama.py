@@ -517,8 +517,7 @@ class Llama(nn.Module):
 
     def _names(self) -> tuple[Rename, ...]:
         """:data:`LLAMA_NAMES`, without the head's row when it is tied."""
-        tied = self.config.tie_embeddings
-        return tuple(row for row in LLAMA_NAMES if not (tied and row.ours == "head.weight"))
+        return _names(self.config)
 
     def save_pretrained(self, path: str | os.PathLike, *, bos_token_id: int | None = None,
                         eos_token_id: int | None = None) -> None:
@@ -564,24 +563,32 @@ class Llama(nn.Module):
                 ``model_type`` or ``hidden_act``, attention or MLP biases, a ``head_dim`` other
                 than ``hidden_size / num_attention_heads``, a RoPE scaling (``llama3``,
                 ``yarn``, ``linear``, ``dynamic``, ...); a tensor missing, unknown or of the
-                wrong shape (naming it).
+                wrong shape (naming it; checked before the model is allocated); a stored
+                ``lm_head.weight`` that differs from a tied embedding; float8 weights; a
+                device that is not here.
         """
         folder = pretrained.resolve(path)
         raw, tensors = pretrained.read_checkpoint(folder)
         config = _config_from_llama(raw, str(folder / pretrained.CONFIG_FILE))
         source = str(folder / pretrained.WEIGHTS_FILE)
-        model = cls(config, device=device,
-                    dtype=pretrained.checkpoint_dtype(tensors) if dtype is None else dtype)
-        names = model._names()
+        names = _names(config)
         theirs = pretrained.their_names(names, config.num_layers)
         known = set(theirs.values()) | ({"lm_head.weight"} if config.tie_embeddings else set())
-        for name in tensors:
-            if name not in known and not _LLAMA_SKIPPED.fullmatch(name):
-                raise ValueError(f"{source} holds {name!r}, which a Llama model with "
-                                 f"num_hidden_layers={config.num_layers} does not have")
+        pretrained.check_names(tensors, known, source=source, skipped=_LLAMA_SKIPPED,
+                               model=f"a Llama model with num_hidden_layers="
+                                     f"{config.num_layers}")
+        if config.tie_embeddings:
+            pretrained.check_tied(tensors, "lm_head.weight", "model.embed_tokens.weight",
+                                  source=source, config=str(folder / pretrained.CONFIG_FILE))
         state = pretrained.to_ours(tensors, names, config.num_layers, source=source)
-        pretrained.load_state(model, state, source=source, theirs=theirs)
-        return model.eval()
+        return pretrained.build(cls, config, state, source=source, device=device, dtype=dtype,
+                                theirs=theirs)
+
+
+def _names(config: LlamaConfig) -> tuple[Rename, ...]:
+    """:data:`LLAMA_NAMES`, without the head's row when the config ties it."""
+    tied = config.tie_embeddings
+    return tuple(row for row in LLAMA_NAMES if not (tied and row.ours == "head.weight"))
 
 
 def _llama_config(c: LlamaConfig, dtype: str) -> dict:

@@ -22,6 +22,9 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from minitransformer import _checks
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -111,20 +114,18 @@ def unique_state(model: nn.Module) -> dict[str, Tensor]:
     return state
 
 
-def load_state(model: nn.Module, state: Mapping[str, Tensor], *, source: str,
-               theirs: Mapping[str, str] | None = None) -> None:
-    """Copy ``state`` into ``model``'s parameters and buffers, after checking every shape.
-
-    ``state`` must hold each of the model's tensors; of tied tensors one name is enough.
-    ``theirs`` maps our names to the file's, for the messages.
+def check_state(model: nn.Module, state: Mapping[str, Tensor], *, source: str,
+                theirs: Mapping[str, str] | None = None) -> None:
+    """Check that ``state`` holds each of ``model``'s parameters and buffers in its shape (of
+    tied tensors one name is enough). ``model`` may live on the meta device: only shapes are
+    read. ``theirs`` maps our names to the file's, for the messages.
 
     Raises:
         ValueError: a tensor missing, or one whose shape differs, naming the first such
             tensor and both shapes (``source`` names the file).
     """
-    ours = model.state_dict(keep_vars=True)
     seen: dict[int, str] = {}
-    for name, target in ours.items():
+    for name, target in model.state_dict(keep_vars=True).items():
         first = seen.setdefault(id(target), name)            # a tied tensor: its first name
         value = state.get(name, state.get(first))
         called = name if theirs is None else f"{theirs.get(name, name)} (our {name})"
@@ -134,32 +135,130 @@ def load_state(model: nn.Module, state: Mapping[str, Tensor], *, source: str,
             raise ValueError(f"{source} does not fit its config: {called} has shape "
                              f"{tuple(value.shape)} in the file, {tuple(target.shape)} in the "
                              f"model the config describes")
+
+
+def load_state(model: nn.Module, state: Mapping[str, Tensor], *, source: str,
+               theirs: Mapping[str, str] | None = None) -> None:
+    """Copy ``state`` into ``model``'s parameters and buffers, after :func:`check_state`.
+
+    Raises:
+        ValueError: as :func:`check_state`.
+    """
+    check_state(model, state, source=source, theirs=theirs)
+    ours = model.state_dict(keep_vars=True)
+    seen: dict[int, str] = {}
     with torch.no_grad():
         for name, target in ours.items():
-            target.copy_(state.get(name, state.get(seen[id(target)])))
+            first = seen.setdefault(id(target), name)
+            target.copy_(state.get(name, state.get(first)))
+
+
+class _SkipInitOnMeta(TorchFunctionMode):
+    """Skip ``nn.init``'s random draws on meta tensors, which hold no numbers: drawing there
+    goes through PyTorch's Python reference of ``normal_``, whose first use imports its
+    compiler (seconds)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+def meta_model(cls: type[nn.Module], config: object, *,
+               dtype: torch.dtype | None = None) -> nn.Module:
+    """``cls(config)`` on the meta device: every shape, no memory, built in milliseconds."""
+    with _SkipInitOnMeta():
+        return cls(config, device="meta", dtype=dtype)
+
+
+def build(cls: type[nn.Module], config: object, state: Mapping[str, Tensor], *, source: str,
+          device: torch.device | str | None, dtype: torch.dtype | None,
+          theirs: Mapping[str, str] | None = None) -> nn.Module:
+    """``cls(config)`` holding ``state``, in eval mode: what every ``from_pretrained`` ends
+    with. The shapes are compared first with a model on the meta device, which holds no
+    numbers, so a config that claims a width the file does not have is refused before a
+    single byte of the real model is allocated. ``dtype=None`` keeps the file's.
+
+    Raises:
+        ValueError: a dtype no model computes in, a device that is not here, a tensor missing
+            or of another shape than the config says (naming it and both shapes).
+    """
+    dtype = checkpoint_dtype(state, source=source) if dtype is None else dtype
+    _checks.factory_kwargs(device, dtype)                    # the device exists, the dtype runs
+    check_state(meta_model(cls, config, dtype=dtype), state, source=source, theirs=theirs)
+    model = cls(config, device=device, dtype=dtype)
+    load_state(model, state, source=source, theirs=theirs)
+    return model.eval()
+
+
+def check_names(tensors: Iterable[str], known: Iterable[str], *, source: str, model: str,
+                skipped: re.Pattern | None = None) -> None:
+    """Refuse a tensor the model does not have (a layer more than the config says, another
+    architecture's tensor): loading would silently leave it out.
+
+    Raises:
+        ValueError: naming the first such tensor and the model (``"a GPT-2 model with
+            n_layer=2"``).
+    """
+    known = set(known)
+    for name in tensors:
+        if name not in known and not (skipped is not None and skipped.fullmatch(name)):
+            raise ValueError(f"{source} holds {name!r}, which {model} does not have")
+
+
+def check_tied(tensors: Mapping[str, Tensor], head: str, embedding: str, *, source: str,
+               config: str) -> None:
+    """A file whose config ties the head to the embedding may store the head again, but only
+    as the same numbers; another head would be silently replaced by the embedding.
+
+    Raises:
+        ValueError: ``head`` is stored and differs from ``embedding``.
+    """
+    if head not in tensors or embedding not in tensors:
+        return
+    stored, table = tensors[head], tensors[embedding]
+    if stored.shape != table.shape or not torch.equal(stored, table.to(stored.dtype)):
+        raise ValueError(f"{source} stores a {head} that differs from {embedding}, but "
+                         f"{config} says the head is tied to the embedding; untie it in the "
+                         f"config or drop {head} from the file")
 
 
 def resolve(path: str | os.PathLike) -> Path:
     """The directory ``path`` names: an existing folder, or else a Hugging Face repo id
     (``"gpt2"``) downloaded with ``huggingface_hub`` when it is installed (the ``hub`` extra).
 
+    A name whose first folder exists here (``runs/corpus`` next to a ``runs/`` folder) is a
+    local path that does not exist, never a Hub name.
+
     Raises:
         TypeError: ``path`` is not a string or path.
-        ValueError: ``path`` is a file, not a directory.
+        ValueError: ``path`` is empty, or a file, not a directory.
         FileNotFoundError: no such directory, and it cannot be downloaded (the message says how
             to get it by hand). Offline (``HF_HUB_OFFLINE=1``) the download fails at once.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    name = os.fspath(path)
+    if not isinstance(name, str):
+        raise TypeError(f"path must be a str or os.PathLike, got bytes {name!r}")
+    if not name.strip():
+        raise ValueError(f"path is empty ({name!r}): pass the checkpoint's directory")
     folder = Path(path)
     if folder.is_dir():
         return folder
     if folder.exists():
         raise ValueError(f"{folder} is a file; a checkpoint is a directory holding "
                          f"{CONFIG_FILE} and {WEIGHTS_FILE}")
-    name = os.fspath(path)
     if not _REPO_ID.fullmatch(name):
         raise FileNotFoundError(f"no such directory: {name}")
+    first = name.split("/")[0]
+    if "/" in name and Path(first).exists():  # "runs/corpus" where runs/ is here: a local path
+        raise FileNotFoundError(f"no such directory: {name} ({first}/ is here but holds no "
+                                f"{name[len(first) + 1:]}; a local path, not looked up on the "
+                                f"Hugging Face Hub)")
     # "checkpoints/run1" may be a mistyped folder as well as a repo id: the messages say both
     by_hand = (f"download {CONFIG_FILE} and {WEIGHTS_FILE} of {name!r} from the Hugging Face Hub "
                f"into a folder and pass its path")
@@ -183,9 +282,10 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict[str, Tensor]]:
 
     Raises:
         FileNotFoundError: a file is missing (a pickle such as ``pytorch_model.bin`` is not
-            read: it can run code).
-        ValueError: ``config.json`` is not a JSON object, or ``model.safetensors`` is not a
-            safetensors file (truncated, corrupt, or another format); the message names it.
+            read: it can run code; the message says how to convert it).
+        ValueError: ``config.json`` is not a JSON object (or is nested too deeply), or
+            ``model.safetensors`` is not a safetensors file (truncated, corrupt, or another
+            format); the message names it.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -196,12 +296,15 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict[str, Tensor]]:
             pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(
                 p.name for p in folder.glob("*.pt"))
             hint = (f" ({', '.join(pickles)} may hold the weights as a pickle, which this "
-                    f"package never loads: it can run code)") if pickles else ""
+                    f"package never loads, as it can run code; convert it with: "
+                    f"python -m minitransformer convert {folder})") if pickles else ""
             raise FileNotFoundError(f"{file} does not exist{hint}")
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{config_path} is not a JSON file ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{config_path} is nested too deeply to be a model's config") from None
     if not isinstance(config, dict):
         raise ValueError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
     try:
@@ -236,8 +339,17 @@ def checkpoint_dtype(tensors: Mapping[str, Tensor], *, source: str = "the checkp
                      ) -> torch.dtype:
     """The floating dtype the model's tensors are stored in (``from_pretrained`` keeps it when
     no ``dtype`` is asked for, as transformers 5 does). Pass only the tensors the model reads:
-    a skipped buffer may be stored in another dtype."""
+    a skipped buffer may be stored in another dtype.
+
+    Raises:
+        ValueError: a dtype no model computes in (float8), or several floating dtypes.
+    """
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    for dtype in sorted(dtypes, key=str):         # float8: stored, but nothing computes in it
+        if dtype not in _checks.COMPUTE_DTYPES:
+            shown = str(dtype).removeprefix("torch.")
+            raise ValueError(f"{source} stores its weights as {shown}, a format this package "
+                             f"cannot compute in (float16, bfloat16, float32 or float64 only)")
     if len(dtypes) > 1:
         raise ValueError(f"{source} mixes floating dtypes {sorted(map(str, dtypes))}: pass "
                          f"dtype= to choose one")

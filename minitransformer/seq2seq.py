@@ -338,8 +338,10 @@ class Seq2Seq(nn.Module):
         Raises:
             FileNotFoundError: no such directory or file.
             ValueError: another ``model_type``, a config field that is unknown or wrong, a file
-                that is not JSON or safetensors, a tensor missing or shaped unlike the config
-                says (naming it and both shapes).
+                that is not JSON or safetensors, a tensor missing, unknown (a layer more than
+                ``num_layers``) or shaped unlike the config says (naming it and both shapes;
+                checked before the model is allocated), a stored ``head.weight`` that differs
+                from the tied target embedding, float8 weights, a device that is not here.
         """
         folder = pretrained.resolve(path)
         raw, tensors = pretrained.read_checkpoint(folder)
@@ -351,10 +353,14 @@ class Seq2Seq(nn.Module):
             config = Seq2SeqConfig(**raw)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: {exc}") from None
-        dtype = pretrained.checkpoint_dtype(tensors) if dtype is None else dtype
-        model = cls(config, device=device, dtype=dtype)
-        pretrained.load_state(model, tensors, source=str(folder / pretrained.WEIGHTS_FILE))
-        return model.eval()
+        weights = str(folder / pretrained.WEIGHTS_FILE)
+        pretrained.check_names(tensors, pretrained.meta_model(cls, config).state_dict(),
+                               source=weights,
+                               model=f"a Seq2Seq with num_layers={config.num_layers}")
+        pretrained.check_tied(tensors, "head.weight", "tgt_token_embedding.weight",
+                              source=weights, config=str(source))
+        return pretrained.build(cls, config, tensors, source=weights, device=device,
+                                dtype=dtype)
 
     # --- the computation, unchecked ------------------------------------------------------------
 
@@ -420,7 +426,8 @@ MODEL_TYPE = "minitransformer-seq2seq"  # config.json's model_type for a Seq2Seq
 
 def _init_weights(module: nn.Module) -> None:
     """GPT-2's initialisation, as in chapter 9: N(0, 0.02) weights, zero biases."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
+    # on the meta device there are no numbers to draw (from_pretrained checks shapes there)
+    if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)

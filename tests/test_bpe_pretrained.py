@@ -101,7 +101,10 @@ def fixture_pair():
 def trained_pair(tmp_path_factory):
     """Ours and transformers', read from files tokenizers trained (special tokens first)."""
     directory = train_files(tmp_path_factory.mktemp("theirs"), 1200, [EOT, "<pad>"])
-    theirs = GPT2TokenizerFast.from_pretrained(directory, pad_token="<pad>")
+    # <pad> is a special token because the config says so (an undeclared one is refused)
+    (directory / "tokenizer_config.json").write_text('{"pad_token": "<pad>"}\n')
+    theirs = GPT2TokenizerFast.from_pretrained(directory)
+    assert theirs.pad_token == "<pad>"
     return BPETokenizer.from_pretrained(directory), theirs, directory
 
 
@@ -185,7 +188,8 @@ def test_saved_files_load_in_autotokenizer_with_the_same_vocabulary(saved_pair):
     assert theirs.eos_token_id == ours.special_tokens.get(EOT)
     assert {name: theirs.convert_tokens_to_ids(name) for name in ours.special_tokens} \
         == ours.special_tokens
-    assert sorted(os.listdir(directory)) == ["merges.txt", "tokenizer_config.json", "vocab.json"]
+    assert sorted(os.listdir(directory)) == ["merges.txt", "tokenizer.json",
+                                             "tokenizer_config.json", "vocab.json"]
     assert BPETokenizer.from_pretrained(directory) == ours
 
 
@@ -278,6 +282,14 @@ def test_missing_files_are_file_not_found_errors_with_the_path(tmp_path):
         BPETokenizer.from_pretrained(3)
 
 
+@pytest.mark.parametrize("path", ["", " "])
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(tmp_path, monkeypatch,
+                                                                   fixture_pair, path):
+    monkeypatch.chdir(fixture_copy(tmp_path))
+    with pytest.raises(ValueError, match="path is empty"):
+        BPETokenizer.from_pretrained(path)
+
+
 @pytest.mark.parametrize("broken, file, message", [
     (lambda d: (d / "vocab.json").write_text("{not json"), "vocab.json", "not JSON"),
     (lambda d: (d / "vocab.json").write_bytes(b"\xff\xfe{}"), "vocab.json", "not JSON"),
@@ -349,6 +361,179 @@ def test_any_broken_directory_is_a_clear_error(tmp_path_factory, vocab, merges):
     except ValueError as error:
         assert str(directory) in str(error)
 
+
+# ----- tokenizer.json: the one file transformers 5 writes ---------------------------------------
+
+def only_tokenizer_json(directory: Path) -> Path:
+    """What transformers 5's save_pretrained leaves: tokenizer.json and tokenizer_config.json."""
+    for name in ("vocab.json", "merges.txt"):
+        (directory / name).unlink(missing_ok=True)
+    assert sorted(os.listdir(directory)) == ["tokenizer.json", "tokenizer_config.json"]
+    return directory
+
+
+@pytest.fixture(scope="module")
+def resaved_pairs(saved_pair, fixture_pair, tmp_path_factory):
+    """Ours read from directories transformers saved (ours' files, and GPT-2's layout): each
+    holds tokenizer.json and no vocab.json."""
+    pairs = []
+    for theirs in (saved_pair[1], fixture_pair[1]):
+        directory = tmp_path_factory.mktemp("resaved")
+        theirs.save_pretrained(directory)
+        only_tokenizer_json(directory)
+        pairs.append((BPETokenizer.from_pretrained(directory),
+                      AutoTokenizer.from_pretrained(directory)))
+    return pairs
+
+
+@pytest.mark.parametrize("text", HARD)
+def test_tokenizer_json_saved_by_transformers_gives_its_ids(resaved_pairs, text):
+    for ours, theirs in resaved_pairs:
+        assert ours.encode(text) == transformers_ids(theirs, text)
+        assert ours.decode(ours.encode(text)) == text
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=TEXT)
+def test_tokenizer_json_saved_by_transformers_gives_its_ids_on_any_text(resaved_pairs, text):
+    for ours, theirs in resaved_pairs:
+        assert ours.encode(text) == transformers_ids(theirs, text)
+
+
+def test_tokenizer_json_reads_as_the_files_it_came_from(saved_pair, fixture_pair, resaved_pairs):
+    (from_ours, _), (from_fixture, _) = resaved_pairs
+    assert from_ours == saved_pair[0]
+    assert from_fixture == fixture_pair[0] and from_fixture.special_tokens == {EOT: 756}
+    text = CORPUS.read_text(encoding="utf-8")[:30_000]
+    assert from_fixture.encode(text) == transformers_ids(resaved_pairs[1][1], text)
+
+
+def test_tokenizer_json_written_by_the_tokenizers_library(tmp_path):
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trained.train_from_iterator([CORPUS.read_text(encoding="utf-8")[:40_000]], trainers.BpeTrainer(
+        vocab_size=700, special_tokens=[EOT], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    trained.save(str(tmp_path / "tokenizer.json"))
+    ours = BPETokenizer.from_pretrained(tmp_path)
+    for text in HARD[:-4]:            # the library's own encode knows no special tokens
+        assert ours.encode(text) == trained.encode(text).ids
+
+
+def test_our_tokenizer_json_alone_loads_in_autotokenizer(saved_pair, tmp_path):
+    ours = saved_pair[0]
+    ours.save_pretrained(tmp_path)
+    theirs = AutoTokenizer.from_pretrained(only_tokenizer_json(tmp_path))
+    assert len(theirs) == len(ours)
+    for text in HARD:
+        assert transformers_ids(theirs, text) == ours.encode(text)
+    assert BPETokenizer.from_pretrained(tmp_path) == ours
+
+
+def test_tokenizer_json_is_preferred_to_vocab_json(fixture_pair, tmp_path):
+    """transformers reads tokenizer.json first; so do we."""
+    ours = fixture_pair[0]
+    directory = fixture_copy(tmp_path)
+    ours.save_pretrained(tmp_path / "saved")
+    shutil.copy(tmp_path / "saved" / "tokenizer.json", directory)
+    edit_merges(directory, lambda lines: lines.insert(1, "not a merge line at all"))
+    assert BPETokenizer.from_pretrained(directory) == ours
+
+
+def edit_tokenizer_json(directory: Path, edit) -> None:
+    data = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    edit(data)
+    (directory / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+
+
+def _bos_template(data):
+    data["post_processor"] = {"type": "TemplateProcessing",
+                              "single": [{"SpecialToken": {"id": EOT, "type_id": 0}},
+                                         {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [], "special_tokens": {}}
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(normalizer={"type": "NFC"}), "has a normalizer .'NFC'."),
+    (lambda d: d["pre_tokenizer"].update(add_prefix_space=True), "pre_tokenizer is 'ByteLevel'"),
+    (lambda d: d.update(pre_tokenizer={"type": "Whitespace"}), "pre_tokenizer is 'Whitespace'"),
+    (_bos_template, "post_processor .'TemplateProcessing'. adds tokens"),
+    (lambda d: d["model"].update(type="WordPiece"), "model type is 'WordPiece'"),
+    (lambda d: d["model"].update(end_of_word_suffix="</w>"), "end_of_word_suffix is '</w>'"),
+    (lambda d: d["model"].update(ignore_merges=True), "ignore_merges is True"),
+    (lambda d: d["added_tokens"][0].update(lstrip=True), "has lstrip set"),
+    (lambda d: d["added_tokens"][0].update(id=3), "has id 3, but 756 in model.vocab"),
+    (lambda d: d["model"].update(merges=[["a"]]), r"model.merges\[0\] is not two tokens"),
+    (lambda d: d["model"].update(merges=d["model"]["merges"][1:]), "'Ġt' is not in|made by no"),
+    (lambda d: d["model"].pop("vocab"), "model.vocab is not an object"),
+    (lambda d: d.clear(), "no \"model\" object"),
+])
+def test_tokenizer_json_our_bpe_cannot_express_is_refused(fixture_pair, tmp_path, edit,
+                                                          message):
+    fixture_pair[0].save_pretrained(tmp_path)
+    edit_tokenizer_json(tmp_path, edit)
+    with pytest.raises(ValueError, match=message) as error:
+        BPETokenizer.from_pretrained(tmp_path)
+    assert str(tmp_path / "tokenizer.json") in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_our_own_json_named_tokenizer_json_is_pointed_to_load(fixture_pair, tmp_path):
+    fixture_pair[0].save(tmp_path / "tokenizer.json")
+    with pytest.raises(ValueError, match="this package's own tokenizer file.*BPETokenizer.load"):
+        BPETokenizer.from_pretrained(tmp_path)
+
+
+# ----- tokens the merges cannot make ------------------------------------------------------------
+
+def test_a_token_no_merge_makes_and_no_file_declares_is_refused(tmp_path):
+    """transformers never produces such a token and encodes its text as ordinary text; reading
+    it as a special token would give other ids than transformers' (it did, silently)."""
+    directory = fixture_copy(tmp_path)
+    edit_vocab(directory, lambda vocab: vocab.update({"<pad>": len(vocab)}))
+    theirs = GPT2TokenizerFast.from_pretrained(directory)
+    assert theirs.convert_tokens_to_ids("<pad>") not in transformers_ids(theirs, "a <pad>")
+    with pytest.raises(ValueError, match="'<pad>' .id 757. is neither a byte nor made by the "
+                                         "merges .*declares it a special token") as error:
+        BPETokenizer.from_pretrained(directory)
+    assert str(directory / "vocab.json") in str(error.value)
+    # declared, it is a special token, for both
+    (directory / "tokenizer_config.json").write_text(json.dumps({"pad_token": "<pad>"}))
+    ours, theirs = (BPETokenizer.from_pretrained(directory),
+                    GPT2TokenizerFast.from_pretrained(directory))
+    assert ours.special_tokens == {EOT: 756, "<pad>": 757}
+    assert ours.encode("a <pad>") == transformers_ids(theirs, "a <pad>")
+
+
+def test_end_of_text_is_special_only_while_the_config_leaves_it_so(tmp_path):
+    directory = fixture_copy(tmp_path)
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": None, "eos_token": None, "unk_token": None}))
+    with pytest.raises(ValueError, match="'<\\|endoftext\\|>' .id 756. is neither"):
+        BPETokenizer.from_pretrained(directory)
+
+
+def test_undeclared_token_in_tokenizer_json_is_refused(fixture_pair, tmp_path):
+    fixture_pair[0].save_pretrained(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": None, "eos_token": None, "unk_token": None}))
+    edit_tokenizer_json(tmp_path, lambda d: d.update(added_tokens=[]))
+    with pytest.raises(ValueError, match="'<\\|endoftext\\|>' .id 756.") as error:
+        BPETokenizer.from_pretrained(only_tokenizer_json_kept(tmp_path))
+    assert str(tmp_path / "tokenizer.json") in str(error.value)
+
+
+def only_tokenizer_json_kept(directory: Path) -> Path:
+    for name in ("vocab.json", "merges.txt"):
+        (directory / name).unlink()
+    return directory
+
+
+def test_tokenizer_config_nested_too_deep_is_a_value_error(tmp_path):
+    directory = fixture_copy(tmp_path)
+    (directory / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="tokenizer_config.json is not a tokenizer_config"):
+        BPETokenizer.from_pretrained(directory)
 
 if __name__ == "__main__":
     write_fixture()

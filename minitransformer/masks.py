@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from minitransformer._checks import check_int, check_int_tensor
+from minitransformer._checks import check_device, check_int, check_int_tensor
 
 
 def causal_mask(q_len: int, k_len: int | None = None, *,
@@ -40,7 +40,7 @@ def causal_mask(q_len: int, k_len: int | None = None, *,
     if k_len < q_len:
         raise ValueError(f"causal_mask needs k_len >= q_len, got q_len={q_len} and k_len={k_len}: "
                          f"the first {q_len - k_len} queries would have no key to attend to")
-    device = torch.device("cpu") if device is None else device
+    device = check_device(device) or torch.device("cpu")
     query_positions = torch.arange(k_len - q_len, k_len, device=device)[:, None]  # (T_q, 1)
     key_positions = torch.arange(k_len, device=device)[None, :]                    # (1, T_k)
     return key_positions <= query_positions

@@ -95,3 +95,8 @@ def test_padding_mask_broadcasts_over_heads_and_queries():
 def test_padding_mask_rejects_bad_input(tokens, pad_id, error, match):
     with pytest.raises(error, match=match):
         padding_mask(tokens, pad_id)
+
+
+def test_causal_mask_refuses_a_device_that_is_not_here_by_name():
+    with pytest.raises(ValueError, match="'mps'"):
+        causal_mask(3, device="mps")

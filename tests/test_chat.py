@@ -223,7 +223,8 @@ def test_saved_config_declares_the_chat_format(tok, saved, hf):
 
 
 def test_trl_sees_the_end_of_turn_in_the_mask(hf):
-    from trl.chat_template_utils import has_generation_markers, is_chat_template_stop_token_trained
+    from trl.chat_template_utils import (has_generation_markers,
+                                         is_chat_template_stop_token_trained)
 
     assert has_generation_markers(hf.chat_template)
     assert is_chat_template_stop_token_trained(hf)

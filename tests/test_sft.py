@@ -20,7 +20,7 @@ from minitransformer import GPT, GPTConfig, Llama, LlamaConfig, train
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.chat import CHAT_TOKENS, END_OF_TURN, PAD, encode_chat, write_chat_template
 from minitransformer.sft import IGNORE_INDEX, sft_batch, sft_labels, sft_loss
-from tests.test_chat import CORPUS, SPECIALS, random_conversations
+from test_chat import CORPUS, SPECIALS, random_conversations  # tests/ is on sys.path
 
 CONVERSATIONS = [
     [{"role": "system", "content": "Answer in one word."},

@@ -81,11 +81,15 @@ def check_chat_tokenizer(tokenizer: object) -> dict[str, int]:
     specials = getattr(tokenizer, "special_tokens", None)
     if not isinstance(specials, dict) or not callable(getattr(tokenizer, "encode", None)):
         raise TypeError(f"tokenizer must be a BPETokenizer, got {type(tokenizer).__name__}")
-    missing = [token for token in CHAT_TOKENS if token not in specials]
+    _check_has_chat_tokens(specials)
+    return specials
+
+
+def _check_has_chat_tokens(special_tokens: Mapping[str, int]) -> None:
+    missing = [token for token in CHAT_TOKENS if token not in special_tokens]
     if missing:
         raise ValueError(f"the tokenizer has no chat format: it lacks the special tokens "
                          f"{missing} (train it with special_tokens=CHAT_TOKENS)")
-    return specials
 
 
 def check_messages(messages: object, special_tokens: Sequence[str] = ()) -> None:
@@ -171,14 +175,31 @@ def jinja_chat_template(special_tokens: Sequence[str] = CHAT_TOKENS) -> str:
     return JINJA_TEMPLATE.replace("__SPECIAL_TOKENS__", json.dumps(list(special_tokens)))
 
 
+def chat_tokenizer_config(special_tokens: Mapping[str, int]) -> dict:
+    """The entries of ``tokenizer_config.json`` that give transformers the chat format of a
+    tokenizer whose special tokens (name -> id) include :data:`CHAT_TOKENS`: the Jinja
+    ``chat_template``, ``<|end|>`` as ``eos_token`` (a reply ends at the end of its turn),
+    ``<|pad|>`` as ``pad_token``, and every special token in ``added_tokens_decoder``."""
+    _check_has_chat_tokens(special_tokens)
+    return {
+        "chat_template": jinja_chat_template(list(special_tokens)),
+        "eos_token": END_OF_TURN,
+        "pad_token": PAD,
+        "added_tokens_decoder": {
+            str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
+                     "single_word": False, "special": True}
+            for s, i in special_tokens.items()},
+    }
+
+
 def write_chat_template(path: str | os.PathLike, tokenizer: object) -> None:
-    """Add the chat format to the ``tokenizer_config.json`` that ``tokenizer.save_pretrained``
-    wrote in the directory ``path``: the Jinja ``chat_template``, ``<|end|>`` as the end of
-    text (``eos_token``: generation stops at the end of a turn) and ``<|pad|>`` as the padding.
-    The special tokens are already declared there.
+    """Add :func:`chat_tokenizer_config`'s entries to the ``tokenizer_config.json`` that
+    ``tokenizer.save_pretrained`` wrote in the directory ``path``.
 
     Raises:
-        TypeError, ValueError: as :func:`check_chat_tokenizer`.
+        TypeError, ValueError: as :func:`check_chat_tokenizer`; a file that is not a JSON
+            object, or that gives one of the special tokens' ids to another token (the
+            directory of another tokenizer).
         FileNotFoundError: no ``tokenizer_config.json`` in ``path``.
     """
     specials = check_chat_tokenizer(tokenizer)
@@ -188,9 +209,26 @@ def write_chat_template(path: str | os.PathLike, tokenizer: object) -> None:
         raise FileNotFoundError(2, f"no tokenizer_config.json in {os.fspath(path)!r}: write the "
                                    f"tokenizer with save_pretrained first", file)
     with open(file, encoding="utf-8") as f:
-        config = json.load(f)
-    config.update(chat_template=jinja_chat_template(list(specials)), eos_token=END_OF_TURN,
-                  pad_token=PAD)
-    with open(file, "w", encoding="utf-8") as f:
+        try:
+            config = json.load(f)
+        except ValueError as error:
+            raise ValueError(f"{file} is not JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{file} is not a JSON object")
+    entries = chat_tokenizer_config(specials)
+    decoder = config.get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+        raise ValueError(f"{file}: added_tokens_decoder is not a JSON object")
+    for i, entry in entries["added_tokens_decoder"].items():
+        there = decoder.get(i)
+        content = there.get("content") if isinstance(there, dict) else entry["content"]
+        if content != entry["content"]:
+            raise ValueError(f"{file} gives id {i} to {content!r}, this tokenizer to "
+                             f"{entry['content']!r}: the directory holds another tokenizer")
+    entries["added_tokens_decoder"] = {**decoder, **entries["added_tokens_decoder"]}
+    config.update(entries)
+    partial = file + ".partial"  # replaced in one step: a kill leaves the old file or the new
+    with open(partial, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
+    os.replace(partial, file)

@@ -19,6 +19,7 @@ from minitransformer.chat import (
     PAD,
     ROLE_TOKENS,
     apply_chat_template,
+    chat_tokenizer_config,
     encode_chat,
     jinja_chat_template,
     write_chat_template,
@@ -241,3 +242,29 @@ def test_write_chat_template_refusals(tok, tmp_path):
     assert (tmp_path / "tokenizer_config.json").read_bytes() == before
     with pytest.raises(TypeError, match="path must be a str or path"):
         write_chat_template(3, tok)
+
+
+def test_write_chat_template_is_save_pretrained_plus_the_chat_entries(tok, saved, tmp_path):
+    """What save_pretrained will write once it adds chat_tokenizer_config's entries."""
+    tok.save_pretrained(tmp_path)
+    plain = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    written = json.loads((saved / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert written == {**plain, **chat_tokenizer_config(tok.special_tokens)}
+    write_chat_template(saved, tok)  # a second time changes nothing
+    assert json.loads((saved / "tokenizer_config.json").read_text(encoding="utf-8")) == written
+    assert sorted(p.name for p in saved.iterdir()) == [
+        "merges.txt", "tokenizer_config.json", "vocab.json"]
+
+
+def test_write_chat_template_refuses_another_tokenizers_directory(tok, tmp_path):
+    other = BPETokenizer(tok.merges[:-3], pattern=GPT2_PATTERN, special_tokens=SPECIALS)
+    other.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="gives id 394 to '<\\|assistant\\|>', this tokenizer "
+                                         "to '<\\|endoftext\\|>': the directory holds another"):
+        write_chat_template(tmp_path, tok)
+    for text, match in [("[1, 2]", "is not a JSON object"), ("{", "is not JSON"),
+                        ('{"added_tokens_decoder": 3}', "added_tokens_decoder is not")]:
+        (tmp_path / "tokenizer_config.json").write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError, match=match):
+            write_chat_template(tmp_path, tok)
+        assert (tmp_path / "tokenizer_config.json").read_text(encoding="utf-8") == text

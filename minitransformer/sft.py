@@ -1,0 +1,110 @@
+"""Supervised fine-tuning on conversations (chapter 16).
+
+A chat model learns from conversations with the loss of pre-training, the next token's
+cross-entropy, counted only where the assistant speaks: the labels are the token ids on the
+assistant's content and end-of-turn token, and ``-100`` (left out) everywhere else. Trained on
+the users' turns too, a model learns to write them.
+
+:func:`sft_batch` pads a batch of conversations and shifts the labels against the inputs, in
+this one place: position ``t`` of ``idx`` is scored on label ``t + 1``. Its ``(idx, targets)``
+is the batch that a model's ``forward`` and chapter 9's ``train`` already take, so fine-tuning
+runs in the same :class:`~minitransformer.training.TrainingLoop` as pre-training, and
+:func:`sft_loss` is the model's own loss: the mean over the batch's assistant tokens, as TRL's
+``SFTTrainer`` with ``assistant_only_loss=True`` computes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from minitransformer._checks import check_int, check_type
+from minitransformer.chat import PAD, check_chat_tokenizer, encode_chat
+
+IGNORE_INDEX = -100  # a label the loss leaves out, as in F.cross_entropy and transformers
+
+
+def sft_labels(ids: Sequence[int], mask: Sequence[bool]) -> list[int]:
+    """``ids`` where ``mask`` is True (the assistant's tokens and its end-of-turn token),
+    ``-100`` elsewhere; not shifted (label ``t`` is token ``t``, as in transformers).
+
+    Raises ``TypeError`` for a mask entry that is not a bool (or 0/1) and ``ValueError`` for
+    lengths that differ.
+    """
+    check_type("ids", ids, (list, tuple), "a list of ints")
+    check_type("mask", mask, (list, tuple), "a list of bools")
+    if len(ids) != len(mask):
+        raise ValueError(f"ids and mask must have the same length, got {len(ids)} and "
+                         f"{len(mask)}")
+    for k, bit in enumerate(mask):
+        if bit not in (0, 1) or not isinstance(bit, (bool, int)):
+            raise TypeError(f"mask[{k}] must be True or False, got {bit!r}")
+    return [i if bit else IGNORE_INDEX for i, bit in zip(ids, mask)]
+
+
+def sft_batch(tokenizer: object, conversations: Sequence[Sequence[Mapping[str, str]]], *,
+              context_length: int | None = None,
+              device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """A batch for ``model(idx, targets)``: each conversation's ids without their last token,
+    and its :func:`sft_labels` without their first (the next token of each position), padded
+    on the right with ``<|pad|>`` and ``-100``. Causal attention keeps padding on the right
+    out of every real position's view, so no attention mask is needed.
+
+    Args:
+        tokenizer: a ``BPETokenizer`` with the chat format.
+        conversations: lists of messages, at least one.
+        context_length: refuse a conversation whose ``idx`` would be longer (the model's).
+        device: where the tensors go (default the CPU).
+
+    Returns:
+        ``(idx, targets)``, both ``(B, T)`` int64 with ``T`` the longest conversation's length
+        minus one.
+
+    Raises:
+        TypeError, ValueError: as :func:`~minitransformer.chat.encode_chat`, naming the
+            conversation; no conversations, a conversation longer than ``context_length`` or
+            without an assistant token (nothing to learn).
+    """
+    specials = check_chat_tokenizer(tokenizer)
+    if isinstance(conversations, (str, bytes, Mapping)) or not isinstance(conversations,
+                                                                          Sequence):
+        raise TypeError(f"conversations must be a list of conversations (lists of messages), "
+                        f"got {type(conversations).__name__}")
+    if not conversations:
+        raise ValueError("conversations is empty: a batch needs at least one")
+    if context_length is not None:
+        check_int("context_length", context_length)
+    rows = []
+    for n, messages in enumerate(conversations):
+        try:
+            ids, mask = encode_chat(tokenizer, messages)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"conversations[{n}]: {error}") from None
+        if not any(mask[1:]):
+            raise ValueError(f"conversations[{n}] has no assistant tokens to learn from")
+        if context_length is not None and len(ids) - 1 > context_length:
+            raise ValueError(f"conversations[{n}] is {len(ids)} tokens long, more than the "
+                             f"context of {context_length} + 1")
+        labels = sft_labels(ids, mask)
+        rows.append((ids[:-1], labels[1:]))  # the shift: position t predicts token t + 1
+    length = max(len(idx) for idx, _ in rows)
+    pad = specials[PAD]
+    idx = torch.tensor([i + [pad] * (length - len(i)) for i, _ in rows], device=device)
+    targets = torch.tensor([t + [IGNORE_INDEX] * (length - len(t)) for _, t in rows],
+                           device=device)
+    return idx, targets
+
+
+def sft_loss(model: nn.Module, tokenizer: object,
+             conversations: Sequence[Sequence[Mapping[str, str]]]) -> Tensor:
+    """The supervised fine-tuning loss of ``model`` on ``conversations``: the mean
+    cross-entropy of the next token over all the batch's assistant tokens (each conversation
+    weighted by its number of them). Runs ``model(*sft_batch(...))`` on the model's device."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    device = next(model.parameters()).device
+    context = getattr(getattr(model, "config", None), "context_length", None)
+    return model(*sft_batch(tokenizer, conversations, context_length=context,
+                            device=device))[1]

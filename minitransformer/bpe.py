@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 
 import regex
 
+from minitransformer import chat
 from minitransformer._checks import check_int, check_type
 
 # GPT-2's split pattern (Radford et al. 2019): contractions, letters, digits, other symbols,
@@ -515,8 +516,23 @@ class BPETokenizer:
         with open(os.path.join(path, TOKENIZER_FILE), "w", encoding="utf-8") as f:
             json.dump(_tokenizer_json(vocab, pairs, self.special_tokens), f, ensure_ascii=False)
         with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump(_transformers_config(self.special_tokens), f, indent=2)
+            config = _transformers_config(self.special_tokens)
+            if all(token in self.special_tokens for token in chat.CHAT_TOKENS):
+                config.update(chat.chat_tokenizer_config(self.special_tokens))
+            json.dump(config, f, indent=2)
             f.write("\n")
+
+    def apply_chat_template(self, messages: Sequence[dict], *,
+                            add_generation_prompt: bool = False) -> list[int]:
+        """The ids of a conversation in the chat format (:mod:`minitransformer.chat`)."""
+        return chat.apply_chat_template(self, messages,
+                                        add_generation_prompt=add_generation_prompt)
+
+    def encode_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool = False
+                    ) -> tuple[list[int], list[bool]]:
+        """The ids of a conversation and its assistant mask
+        (:func:`minitransformer.chat.encode_chat`)."""
+        return chat.encode_chat(self, messages, add_generation_prompt=add_generation_prompt)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BPETokenizer):

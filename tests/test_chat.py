@@ -245,7 +245,7 @@ def test_write_chat_template_refusals(tok, tmp_path):
 
 
 def test_write_chat_template_is_save_pretrained_plus_the_chat_entries(tok, saved, tmp_path):
-    """What save_pretrained will write once it adds chat_tokenizer_config's entries."""
+    """save_pretrained writes chat_tokenizer_config's entries, as write_chat_template does."""
     tok.save_pretrained(tmp_path)
     plain = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
     written = json.loads((saved / "tokenizer_config.json").read_text(encoding="utf-8"))
@@ -253,7 +253,7 @@ def test_write_chat_template_is_save_pretrained_plus_the_chat_entries(tok, saved
     write_chat_template(saved, tok)  # a second time changes nothing
     assert json.loads((saved / "tokenizer_config.json").read_text(encoding="utf-8")) == written
     assert sorted(p.name for p in saved.iterdir()) == [
-        "merges.txt", "tokenizer_config.json", "vocab.json"]
+        "merges.txt", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
 
 
 def test_write_chat_template_refuses_another_tokenizers_directory(tok, tmp_path):

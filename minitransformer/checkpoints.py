@@ -1,6 +1,6 @@
 """Training checkpoints that survive a kill, and resuming from them bit for bit (chapter 15).
 
-A run's directory, written by the command line (:mod:`minitransformer.cli`)::
+A run's directory, written by the command line (:mod:`minitransformer.cli.train`)::
 
     DIR/config.json, model.safetensors        the latest weights, as GPT-2's files (chapter 13)
     DIR/vocab.json, merges.txt, tokenizer_config.json     the tokenizer (chapter 12)

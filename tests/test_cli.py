@@ -29,7 +29,8 @@ PYTHON = sys.executable
 #: The test model: 35k parameters, 30 steps of 8 windows of 16 tokens.
 TINY = ["--steps", "30", "--batch-size", "8", "--context-length", "16", "--num-layers", "2",
         "--num-heads", "2", "--d-model", "32", "--vocab-size", "300", "--lr", "1e-2",
-        "--save-every", "10", "--eval-every", "10", "--no-progress", "--device", "cpu"]
+        "--save-every", "10", "--eval-every", "10", "--no-progress", "--device", "cpu",
+        "--threads", "1"]
 
 
 @pytest.fixture(autouse=True, scope="module")

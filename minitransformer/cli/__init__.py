@@ -68,6 +68,8 @@ def build_parser() -> Parser:
         "checkpoint")
     add("--device", help="cpu, cuda, cuda:1, ... (default: minitransformer.default_device())")
     add("--dtype", choices=tuple(train.DTYPES), help="the weights' precision")
+    add("--threads", type=positive, help="CPU threads per process (default: OMP_NUM_THREADS, "
+        "else the cores idle now; a resumed run keeps its count)")
     add("--no-progress", action="store_true", help="no progress bar")
 
     g = commands.add_parser("generate", help="continue a prompt with a trained model",

@@ -16,7 +16,7 @@ import tqdm
 
 from minitransformer import checkpoints
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
-from minitransformer.cli.common import CommandLineError, Processes, architecture
+from minitransformer.cli.common import CommandLineError, Processes, architecture, threads
 from minitransformer.data import random_batches, window_batches
 from minitransformer.training import BAR_FORMAT, TrainingLoop, _optimizer
 
@@ -38,9 +38,11 @@ EVAL_BATCHES = 20       # at most this many validation batches, the same at ever
 
 def run(args: argparse.Namespace) -> int:
     procs = Processes(args.device)
+    before = torch.get_num_threads()
     try:
         return _run(args, procs)
     finally:
+        torch.set_num_threads(before)       # main() may run inside a notebook or a test
         procs.close()
 
 
@@ -147,6 +149,13 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     else:
         tokenizer = BPETokenizer.train(text, s["vocab_size"], pattern=GPT2_PATTERN)
     train_ids, val_ids = _split(tokenizer.encode(text), s["context_length"], s["data"])
+    began = resumed["state"].get("threads") if resumed else None
+    if began and args.threads is None and "OMP_NUM_THREADS" not in os.environ:
+        count, why = began, "as the run began"
+    else:
+        count, why = threads(args.threads, processes=procs.local_world_size)
+    torch.set_num_threads(count)
+    how = f"{count} thread{'s' * (count > 1)} ({why})"
     dtype = DTYPES[s["dtype"]]
 
     torch.manual_seed(s["seed"])
@@ -177,9 +186,12 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         checkpoints.set_rng_states(resumed["tensors"], generator)
         loop.load_state_dict(resumed["state"]["loop"])
         was = resumed["trainer_state"]["world_size"]
-        say(f"resuming from step {loop.step}" + (
-            f" (the run began with world size {was}, now {procs.world_size}: equal to the "
-            f"uninterrupted run up to rounding only)" if was != procs.world_size else ""))
+        changed = [f"world size {was}, now {procs.world_size}"] if was != procs.world_size else []
+        if began and began != count:
+            changed.append(f"{began} threads per process, now {count}")
+        say(f"resuming from step {loop.step}, {how}" + (
+            f" (the run began with {' and '.join(changed)}: equal to the uninterrupted run up "
+            f"to rounding only)" if changed else ""))
         if loop.step >= s["steps"]:
             say(f"the run in {out} is complete: {loop.step} of {s['steps']} steps")
             return 0
@@ -188,7 +200,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
             out.mkdir(parents=True, exist_ok=True)
         say(f"training a {model_class.__name__} of {_count(model):,} parameters on "
             f"{train_ids.numel():,} tokens ({val_ids.numel():,} held out), "
-            f"{procs.world_size} process{'es' * (procs.world_size > 1)}")
+            f"{procs.world_size} process{'es' * (procs.world_size > 1)} of {how}")
 
     def save(folder: Path) -> None:
         model.save_pretrained(folder)
@@ -202,7 +214,8 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         if procs.main and (loop.step % args.save_every == 0 or loop.step == s["steps"]):
             tensors = {**checkpoints.optimizer_tensors(optimizer),
                        **checkpoints.rng_states(generator)}
-            state = {"args": s, "data_sha256": digest, "loop": loop.state_dict()}
+            state = {"args": s, "data_sha256": digest, "threads": count,
+                     "loop": loop.state_dict()}
             checkpoints.save(out, step=loop.step, world_size=procs.world_size,
                              write_model=save, tensors=tensors, state=state)
 

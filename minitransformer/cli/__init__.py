@@ -45,7 +45,8 @@ def build_parser() -> Parser:
         "loads it (config.json, model.safetensors, tokenizer files)")
     add("--arch", choices=train.ARCHS, help="the model: GPT-2's (chapter 9) or Llama's "
         "(chapter 14)")
-    add("--steps", type=positive, help="optimizer updates")
+    add("--steps", type=positive, help="optimizer updates; with --resume, a larger number "
+        "extends a run")
     add("--batch-size", type=positive, help="the global batch: sequences per update, over "
         "all processes and accumulation steps")
     add("--context-length", type=positive, help="tokens per sequence")
@@ -54,7 +55,12 @@ def build_parser() -> Parser:
     add("--d-model", type=positive, help="width of every token vector")
     add("--vocab-size", type=positive, help="tokens of the BPE tokenizer, counting its 256 "
         "byte tokens")
-    add("--lr", type=number, help="peak learning rate (warm-up, then cosine decay)")
+    add("--lr", type=number, help="peak learning rate")
+    add("--schedule", choices=("cosine", "wsd"), help="the learning rate after the warm-up: "
+        "a cosine decay to lr/10, or warm-up-stable-decay (lr, then a linear decay to lr/10 "
+        "over the last fifth), which --resume --steps N extends bit for bit")
+    add("--warmup-steps", type=positive, help="steps of linear warm-up (default: a tenth of "
+        "--steps, 1 to 100)")
     add("--dropout", type=number, help="dropout probability (processes agree exactly only "
         "with 0)")
     add("--seed", type=int, help="seeds the weights and the batches")

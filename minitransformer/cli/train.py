@@ -18,7 +18,13 @@ from minitransformer import checkpoints
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.cli.common import CommandLineError, Processes, architecture, threads
 from minitransformer.data import random_batches, window_batches
-from minitransformer.training import BAR_FORMAT, TrainingLoop, _optimizer
+from minitransformer.training import (
+    BAR_FORMAT,
+    SCHEDULES,
+    TrainingLoop,
+    _optimizer,
+    wsd_decay_start,
+)
 
 ARCHS = ("gpt", "llama")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -27,11 +33,12 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 DEFAULTS = {
     "arch": "gpt", "steps": 300, "batch_size": 16, "context_length": 64, "num_layers": 2,
     "num_heads": 4, "d_model": 128, "vocab_size": 512, "lr": 3e-3, "seed": 0,
-    "grad_accum": 1, "dropout": 0.0, "dtype": "float32",
+    "grad_accum": 1, "dropout": 0.0, "dtype": "float32", "schedule": "cosine",
 }
 #: Flags that decide the run: on --resume they come from the checkpoint, and a different value
-#: given on the command line is refused (the result could no longer be bit-identical).
-RUN_FLAGS = ("data", *DEFAULTS)
+#: given on the command line is refused (the result could no longer be bit-identical), except
+#: a larger --steps, which extends the run (see _extend).
+RUN_FLAGS = ("data", *DEFAULTS, "warmup_steps")
 VAL_FRACTION = 0.1      # the end of the data, held out for the validation loss
 EVAL_BATCHES = 20       # at most this many validation batches, the same at every evaluation
 
@@ -46,9 +53,10 @@ def run(args: argparse.Namespace) -> int:
         procs.close()
 
 
-def _settings(args: argparse.Namespace, out: Path) -> tuple[dict, dict | None]:
+def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict, dict | None]:
     """The run's flags (``RUN_FLAGS``) and, with --resume, the checkpoint to continue:
-    ``(settings, resumed)`` where ``resumed`` holds the trainer state, folder, state, tensors."""
+    ``(settings, resumed)`` where ``resumed`` holds the trainer state, folder, state, tensors
+    and a note to print. ``write``: this process may write files (rank 0)."""
     given = {k: getattr(args, k) for k in RUN_FLAGS if getattr(args, k) is not None}
     if "data" in given:
         given["data"] = os.path.abspath(given["data"])
@@ -60,18 +68,76 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[dict, dict | None]:
                                    f"continue it, or choose another directory")
         if "data" not in given:
             raise CommandLineError("train needs --data FILE, the UTF-8 text to train on")
-        return {**DEFAULTS, **given}, None
+        settings = {**DEFAULTS, **given}
+        settings.setdefault("warmup_steps", _warmup(settings["steps"]))
+        return settings, None
     trainer_state, folder = checkpoints.latest(out)
     state, tensors = checkpoints.load_tensors(folder)
-    settings = state["args"]
+    settings = {"schedule": "cosine", **state["args"]}      # runs saved before --schedule
+    settings.setdefault("warmup_steps", _warmup(settings["steps"]))
     for key, value in given.items():
+        if key == "steps" and value >= settings["steps"]:
+            continue
         if value != settings[key]:
             flag = "--" + key.replace("_", "-")
+            why = ("a run can be extended, not shortened" if key == "steps" else
+                   "a resumed run keeps the flags it began with, or it would not equal the "
+                   "run never stopped")
             raise CommandLineError(f"{flag} {value} differs from the checkpoint's "
-                                   f"{settings[key]}: a resumed run keeps the flags it began "
-                                   f"with, or it would not equal the run never stopped")
-    return settings, {"trainer_state": trainer_state, "folder": folder, "state": state,
-                      "tensors": tensors}
+                                   f"{settings[key]}: {why}")
+    resumed = {"trainer_state": trainer_state, "folder": folder, "state": state,
+               "tensors": tensors, "note": ""}
+    if given.get("steps", settings["steps"]) > settings["steps"]:
+        resumed = _extend(out, settings, given["steps"], resumed, write=write)
+        settings["steps"] = given["steps"]
+    return settings, resumed
+
+
+def _warmup(steps: int) -> int:
+    """The warm-up of a new run without --warmup-steps: a tenth of the run, 1 to 100 steps."""
+    return max(1, min(100, steps // 10))
+
+
+def _extend(out: Path, s: dict, steps: int, resumed: dict, *, write: bool) -> dict:
+    """``--resume --steps N`` beyond the run's ``--steps``: the checkpoint to go on from.
+
+    The cosine schedule depends on the run's length at every step, so a stretched run goes on
+    from its last checkpoint on a new curve: the rate jumps back up and decays again, and the
+    result equals neither the shorter run nor a run begun with N steps. The WSD schedule's
+    rates do not depend on the length before its decay, so a WSD run goes back to the
+    checkpoint kept where its decay began and is from there on the N-step run, bit for bit."""
+    step, old = resumed["state"]["loop"]["step"], s["steps"]
+    if s["schedule"] != "wsd":
+        rate = SCHEDULES["cosine"]
+        was = rate(min(step, old - 1), steps=old, lr=s["lr"], warmup_steps=s["warmup_steps"])
+        now = rate(step, steps=steps, lr=s["lr"], warmup_steps=s["warmup_steps"])
+        resumed["note"] = (f"extending the run from {old} to {steps} steps: the cosine "
+                           f"schedule is stretched, so the learning rate goes from {was:.3g} "
+                           f"to {now:.3g} at step {step + 1} and decays again; the result is "
+                           f"neither the {old}-step run nor a {steps}-step one (--schedule wsd "
+                           f"extends without changing the steps before its decay)")
+        return resumed
+    start = wsd_decay_start(old, warmup_steps=s["warmup_steps"])
+    note = (f"extending the run from {old} to {steps} steps: the stable phase goes on, the "
+            f"decay moves to the end")
+    if step <= start:
+        resumed["note"] = note
+        return resumed
+    name = f"ckpt-{start}"
+    try:
+        trainer_state, folder = checkpoints.latest(out, name=name)
+    except FileNotFoundError:
+        raise CommandLineError(f"cannot extend the run in {out}: its checkpoint {name}, where "
+                               f"its decay began, is gone") from None
+    state, tensors = checkpoints.load_tensors(folder)
+    if state["args"]["steps"] != old:
+        raise CommandLineError(f"cannot extend the run in {out}: {name} is not the one this "
+                               f"run kept where its decay began")
+    if write:
+        checkpoints.point_to(out, folder, world_size=resumed["trainer_state"]["world_size"])
+    return {"trainer_state": resumed["trainer_state"], "folder": folder, "state": state,
+            "tensors": tensors, "note": f"{note}: going back to step {start}, where the decay "
+            f"began ({name}), to train steps {start + 1}-{steps} as a {steps}-step run does"}
 
 
 def _check(s: dict, world_size: int) -> None:
@@ -82,6 +148,9 @@ def _check(s: dict, world_size: int) -> None:
     if s["vocab_size"] < 256:
         raise CommandLineError(f"--vocab-size must be at least 256 (the byte tokens), got "
                                f"{s['vocab_size']}")
+    if not 1 <= s["warmup_steps"] <= s["steps"]:
+        raise CommandLineError(f"--warmup-steps must be from 1 to --steps {s['steps']}, got "
+                               f"{s['warmup_steps']}")
     if not s["lr"] > 0:
         raise CommandLineError(f"--lr must be positive, got {s['lr']}")
     if not 0 <= s["dropout"] < 1:
@@ -138,7 +207,7 @@ def _micro_batches(stream: torch.Tensor, s: dict, generator: torch.Generator,
 def _run(args: argparse.Namespace, procs: Processes) -> int:
     out = Path(args.out)
     say = print if procs.main else (lambda *a, **k: None)
-    s, resumed = _settings(args, out)
+    s, resumed = _settings(args, out, write=procs.main)
     _check(s, procs.world_size)
     text, digest = _read_text(s["data"])
     if resumed:
@@ -178,9 +247,12 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                          context_length=s["context_length"])[:EVAL_BATCHES]
     val = [(x.to(procs.device), y.to(procs.device)) for x, y in val]
     loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],
-                        warmup_steps=max(1, min(100, s["steps"] // 10)),
+                        warmup_steps=s["warmup_steps"], schedule=s["schedule"],
                         grad_accum=s["grad_accum"], val_batches=val if procs.main else None,
                         eval_every=args.eval_every, eval_model=model)
+    #: WSD: the checkpoint where the decay begins is kept, to extend the run from (_extend)
+    stable = (wsd_decay_start(s["steps"], warmup_steps=s["warmup_steps"])
+              if s["schedule"] == "wsd" else None)
     if resumed:
         checkpoints.load_optimizer(optimizer, resumed["tensors"])
         checkpoints.set_rng_states(resumed["tensors"], generator)
@@ -192,6 +264,8 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         say(f"resuming from step {loop.step}, {how}" + (
             f" (the run began with {' and '.join(changed)}: equal to the uninterrupted run up "
             f"to rounding only)" if changed else ""))
+        if resumed["note"]:
+            say(resumed["note"])
         if loop.step >= s["steps"]:
             say(f"the run in {out} is complete: {loop.step} of {s['steps']} steps")
             return 0
@@ -211,13 +285,14 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         if procs.main and h.steps and h.steps[-1] == loop.step:
             tqdm.tqdm.write(f"step {loop.step}: train loss {h.train_losses[-1]:.4f}, "
                             f"val loss {h.val_losses[-1]:.4f}", file=sys.stdout)
-        if procs.main and (loop.step % args.save_every == 0 or loop.step == s["steps"]):
+        if procs.main and (loop.step % args.save_every == 0 or loop.step in (s["steps"], stable)):
             tensors = {**checkpoints.optimizer_tensors(optimizer),
                        **checkpoints.rng_states(generator)}
             state = {"args": s, "data_sha256": digest, "threads": count,
                      "loop": loop.state_dict()}
             checkpoints.save(out, step=loop.step, world_size=procs.world_size,
-                             write_model=save, tensors=tensors, state=state)
+                             write_model=save, tensors=tensors, state=state,
+                             keep=() if stable is None else (f"ckpt-{stable}",))
 
     bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="training", mininterval=0.5,
                     bar_format=BAR_FORMAT, disable=not procs.main or args.no_progress)

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import hashlib
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,19 +61,32 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
     given = {k: getattr(args, k) for k in RUN_FLAGS if getattr(args, k) is not None}
     if "data" in given:
         given["data"] = os.path.abspath(given["data"])
+    leftovers = checkpoints.unfinished_first_save(out)
     if not args.resume:
         if out.exists() and not out.is_dir():
             raise CommandLineError(f"--out {out} is a file, not a directory")
-        if out.is_dir() and any(out.iterdir()):
+        if (out / checkpoints.STATE_FILE).exists():
             raise CommandLineError(f"--out {out} already holds a run: pass --resume to "
                                    f"continue it, or choose another directory")
+        if out.is_dir() and any(out.iterdir()) and not leftovers:
+            raise CommandLineError(f"--out {out} is not empty and holds no run: choose a new "
+                                   f"or an empty directory")
         if "data" not in given:
             raise CommandLineError("train needs --data FILE, the UTF-8 text to train on")
+        if leftovers and write:     # a kill during the first save: not a run, start again
+            for path in leftovers:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+            print(f"removed {', '.join(sorted(p.name for p in leftovers))}: the first "
+                  f"checkpoint of a run killed while writing it")
         settings = {**DEFAULTS, **given}
         settings.setdefault("warmup_steps", _warmup(settings["steps"]))
         return settings, None
+    if leftovers or not out.is_dir() or not any(out.iterdir()):
+        raise CommandLineError(f"nothing to resume in {out}: no checkpoint was finished "
+                               f"there; the same command without --resume starts the run")
     trainer_state, folder = checkpoints.latest(out)
     state, tensors = checkpoints.load_tensors(folder)
+    _check_state(state, folder / checkpoints.JSON_FILE)
     settings = {"schedule": "cosine", **state["args"]}      # runs saved before --schedule
     settings.setdefault("warmup_steps", _warmup(settings["steps"]))
     for key, value in given.items():
@@ -91,6 +105,55 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
         resumed = _extend(out, settings, given["steps"], resumed, write=write)
         settings["steps"] = given["steps"]
     return settings, resumed
+
+
+def _check_state(state: dict, path: Path) -> None:
+    """Refuse a ``training_state.json`` that is not what this program writes (edited by hand,
+    or damaged), naming the first key that is missing or of the wrong type."""
+    whole, number = (int,), (int, float)
+    expected = {
+        "args": dict, "data_sha256": str, "loop": dict,
+        "args.data": str, **{f"args.{k}": (number if isinstance(v, float) else type(v))
+                             for k, v in DEFAULTS.items()},
+        "loop.step": whole, "loop.running_loss": number, "loop.since": whole,
+        "loop.history": dict, **{f"loop.history.{k}": list for k in
+                                 ("steps", "train_losses", "val_losses", "learning_rates")},
+    }
+    optional = {"args.schedule", "args.warmup_steps", "threads"}     # older runs lack them
+    expected.update({"args.warmup_steps": whole, "threads": whole})
+    for key, kind in expected.items():
+        value, parts = state, key.split(".")
+        for part in parts:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None and key in optional:
+            continue
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if value is None or not isinstance(value, kinds) or (
+                isinstance(value, bool) and bool not in kinds):
+            found = "missing" if value is None else f"a {type(value).__name__}"
+            raise CommandLineError(f"{path} is not what this program writes (edited or "
+                                   f"damaged?): {key} is {found}, not a "
+                                   f"{' or '.join(k.__name__ for k in kinds)}")
+    args = state["args"]
+    choices = {"arch": ARCHS, "dtype": tuple(DTYPES), "schedule": tuple(SCHEDULES)}
+    for key, allowed in choices.items():
+        if args.get(key, allowed[0]) not in allowed:
+            raise CommandLineError(f"{path} is not what this program writes (edited or "
+                                   f"damaged?): args.{key} is {args[key]!r}, not one of "
+                                   f"{', '.join(allowed)}")
+    for key in ("steps", "batch_size", "context_length", "num_layers", "num_heads", "d_model",
+                "vocab_size", "grad_accum", "warmup_steps"):
+        if args.get(key, 1) < 1:
+            raise CommandLineError(f"{path} is not what this program writes (edited or "
+                                   f"damaged?): args.{key} is {args[key]}, not at least 1")
+    history = state["loop"]["history"]
+    if not all(isinstance(x, (int, float)) for k in history for x in history[k]) or (
+            len(history["learning_rates"]) != state["loop"]["step"]):
+        raise CommandLineError(f"{path} is not what this program writes (edited or "
+                               f"damaged?): loop.history does not match loop.step")
+    if set(history) != {"steps", "train_losses", "val_losses", "learning_rates"}:
+        raise CommandLineError(f"{path} is not what this program writes (edited or "
+                               f"damaged?): loop.history has other keys")
 
 
 def _warmup(steps: int) -> int:
@@ -130,6 +193,7 @@ def _extend(out: Path, s: dict, steps: int, resumed: dict, *, write: bool) -> di
         raise CommandLineError(f"cannot extend the run in {out}: its checkpoint {name}, where "
                                f"its decay began, is gone") from None
     state, tensors = checkpoints.load_tensors(folder)
+    _check_state(state, folder / checkpoints.JSON_FILE)
     if state["args"]["steps"] != old:
         raise CommandLineError(f"cannot extend the run in {out}: {name} is not the one this "
                                f"run kept where its decay began")
@@ -253,10 +317,14 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     #: WSD: the checkpoint where the decay begins is kept, to extend the run from (_extend)
     stable = (wsd_decay_start(s["steps"], warmup_steps=s["warmup_steps"])
               if s["schedule"] == "wsd" else None)
+    keep = () if stable is None else (f"ckpt-{stable}",)
     if resumed:
         checkpoints.load_optimizer(optimizer, resumed["tensors"])
         checkpoints.set_rng_states(resumed["tensors"], generator)
         loop.load_state_dict(resumed["state"]["loop"])
+        if procs.main:      # as the end of checkpoints.save leaves it, had a kill cut it short
+            checkpoints.publish(out, resumed["folder"])
+            checkpoints.prune(out, resumed["folder"], keep=keep)
         was = resumed["trainer_state"]["world_size"]
         changed = [f"world size {was}, now {procs.world_size}"] if was != procs.world_size else []
         if began and began != count:
@@ -292,7 +360,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                      "loop": loop.state_dict()}
             checkpoints.save(out, step=loop.step, world_size=procs.world_size,
                              write_model=save, tensors=tensors, state=state,
-                             keep=() if stable is None else (f"ckpt-{stable}",))
+                             keep=keep)
 
     bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="training", mininterval=0.5,
                     bar_format=BAR_FORMAT, disable=not procs.main or args.no_progress)

@@ -250,6 +250,15 @@ def test_torchrun_two_processes_equal_one(tiny_run, ddp_run):
     assert state["step"] == 30 and state["world_size"] == 2
     assert result.stdout.count("training a GPT") == 1      # rank 0 alone prints
     assert result.stdout.count("step 30: train loss") == 1
+    # the train loss printed is the whole batch's, the mean over the ranks (not rank 0's half)
+    two, one = train_losses(result.stdout), train_losses(tiny_run[1])
+    assert len(two) == len(one) == 3
+    assert all(abs(a - b) <= 2e-4 for a, b in zip(two, one)), (two, one)
+
+
+def train_losses(stdout: str) -> list[float]:
+    return [float(line.split("train loss ")[1].split(",")[0])
+            for line in stdout.splitlines() if "train loss" in line]
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> bool:

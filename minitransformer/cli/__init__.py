@@ -3,7 +3,7 @@
 A thin layer: argparse turns flags into the package's own objects and runs the package's own
 code (the one training loop, :class:`~minitransformer.training.TrainingLoop`). This file is the
 whole parser, every command and flag; each command is a module of its own (``train.py``,
-``generate.py``), and what they share (refusals, devices, processes) is in ``common.py``.
+``generate.py``, ``convert.py``), and what they share (refusals, devices, processes) is in ``common.py``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from minitransformer.cli import generate, train
+from minitransformer.cli import convert, generate, train
 from minitransformer.cli.common import (
     PROG,
     CommandLineError,
     Parser,
+    is_rank_zero,
     nonnegative,
     number,
     positive,
@@ -90,13 +91,22 @@ def build_parser() -> Parser:
     add("--top-k", type=positive, help="sample among the k likeliest tokens only")
     add("--seed", type=int, default=0, help="makes sampling repeatable (default 0)")
     add("--device", help="default: minitransformer.default_device()")
+
+    c = commands.add_parser("convert", help="pytorch_model.bin -> model.safetensors",
+                            description="Write DIR/model.safetensors from DIR/pytorch_model.bin "
+                            "(read with torch.load(weights_only=True), which runs no code "
+                            "from the file); tied tensors are stored once, the .bin is kept.")
+    c.set_defaults(run=convert.run)
+    c.add_argument("dir", metavar="DIR", help="a directory with a pytorch_model.bin, or the "
+                   "file itself")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit status.
 
-    Bad input prints one line on stderr, ``minitransformer: error: ...``, and returns 2.
+    Bad input prints one line on stderr, ``minitransformer: error: ...``, and returns 2; under
+    torchrun rank 0 alone prints it.
     """
     try:
         args = build_parser().parse_args(argv)
@@ -104,10 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:       # --help
         return exc.code if isinstance(exc.code, int) else 0
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        if is_rank_zero():
+            print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except (CommandLineError, ValueError, TypeError, OSError) as exc:
-        print(one_line(exc), file=sys.stderr)
+        if is_rank_zero():
+            print(one_line(exc), file=sys.stderr)
         return 2
 
 

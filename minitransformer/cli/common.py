@@ -18,7 +18,8 @@ PROG = "minitransformer"
 
 
 class CommandLineError(Exception):
-    """Bad input: printed as one line on stderr, exit status 2."""
+    """Bad input: printed as one line on stderr, exit status 2 (under torchrun, by rank 0
+    only: every rank reads the same flags and files, so every rank would say the same)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,6 +46,11 @@ def nonnegative(text: str) -> int:
     return value
 
 
+def is_rank_zero() -> bool:
+    """Whether this process prints: always, except a rank other than 0 under torchrun."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def number(text: str) -> float:
     try:
         return float(text)
@@ -60,10 +66,14 @@ def device(name: str | None) -> torch.device:
         found = torch.device(name)
     except (RuntimeError, ValueError):
         raise CommandLineError(f"--device {name}: not a device name (cpu, cuda, cuda:1, ...)")
-    if found.type == "cuda" and not torch.cuda.is_available():
-        raise CommandLineError(f"--device {name}: CUDA is not available on this machine")
     if found.type not in ("cpu", "cuda"):
         raise CommandLineError(f"--device {name}: only cpu and cuda are supported")
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise CommandLineError(f"--device {name}: CUDA is not available on this machine")
+    count = torch.cuda.device_count() if found.type == "cuda" else 0
+    if found.type == "cuda" and found.index is not None and found.index >= count:
+        raise CommandLineError(f"--device {name}: this machine has {count} CUDA "
+                               f"device{'s' * (count != 1)} (cuda:0 to cuda:{count - 1})")
     return found
 
 

@@ -281,6 +281,10 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
     else:
         tokenizer = BPETokenizer.train(text, s["vocab_size"], pattern=GPT2_PATTERN)
+        if len(tokenizer) < s["vocab_size"]:
+            say(f"--vocab-size {s['vocab_size']:,}: the text holds no more pairs to merge "
+                f"after {len(tokenizer) - 256:,} merges, so the tokenizer and the model have "
+                f"{len(tokenizer):,} tokens")
     train_ids, val_ids = _split(tokenizer.encode(text), s["context_length"], s["data"])
     began = resumed["state"].get("threads") if resumed else None
     if began and args.threads is None and "OMP_NUM_THREADS" not in os.environ:
@@ -296,7 +300,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     if resumed:
         model = model_class.from_pretrained(resumed["folder"], device=procs.device, dtype=dtype)
     else:
-        config = config_class(vocab_size=s["vocab_size"], context_length=s["context_length"],
+        config = config_class(vocab_size=len(tokenizer), context_length=s["context_length"],
                               num_layers=s["num_layers"], num_heads=s["num_heads"],
                               d_model=s["d_model"], dropout=s["dropout"])
         model = model_class(config, device=procs.device, dtype=dtype)
@@ -313,7 +317,8 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],
                         warmup_steps=s["warmup_steps"], schedule=s["schedule"],
                         grad_accum=s["grad_accum"], val_batches=val if procs.main else None,
-                        eval_every=args.eval_every, eval_model=model)
+                        eval_every=args.eval_every, eval_model=model,
+                        mean_loss=_mean_over_ranks(procs) if procs.world_size > 1 else None)
     #: WSD: the checkpoint where the decay begins is kept, to extend the run from (_extend)
     stable = (wsd_decay_start(s["steps"], warmup_steps=s["warmup_steps"])
               if s["schedule"] == "wsd" else None)
@@ -370,6 +375,18 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     say(f"saved {out} at step {loop.step}: validation loss "
         f"{loop.history.val_losses[-1]:.4f}" if loop.history.val_losses else f"saved {out}")
     return 0
+
+
+def _mean_over_ranks(procs: Processes):
+    """A step's loss on this rank -> the mean over all ranks: the whole global batch's loss,
+    as the shares are equal (float64, so the mean of the same numbers on every rank is equal)."""
+    import torch.distributed as dist
+
+    def mean(loss: float) -> float:
+        total = torch.tensor([loss], dtype=torch.float64, device=procs.device)
+        dist.all_reduce(total)
+        return total.item() / procs.world_size
+    return mean
 
 
 def _count(model: torch.nn.Module) -> int:

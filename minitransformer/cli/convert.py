@@ -1,4 +1,4 @@
-"""``minitransformer convert DIR``: ``DIR/pytorch_model.bin`` (a pickle) -> ``DIR/model.safetensors``.
+"""``minitransformer convert DIR``: ``DIR/pytorch_model.bin`` (a pickle) -> ``model.safetensors``.
 
 The package reads only safetensors. ``torch.load(weights_only=True)`` unpickles tensors and plain
 containers but refuses to run any other code a pickle may hold. Tensors that are one tensor under

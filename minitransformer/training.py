@@ -193,7 +193,7 @@ class TrainingLoop:
     skips the all-reduce of every micro-batch but the last); ``eval_model`` is then the bare
     model that :func:`evaluate` runs, and ``mean_loss`` turns each process's loss into the mean
     over all processes, so that the recorded training loss is the whole batch's. ``schedule``
-    names the learning-rate schedule in :data:`SCHEDULES` (``"cosine"`` or ``"wsd"``).
+    names the learning-rate schedule in ``SCHEDULES`` (``"cosine"`` or ``"wsd"``).
     ``step`` counts the updates done; :meth:`state_dict` and :meth:`load_state_dict` save and
     restore it with the running loss and the history.
     Arguments are checked by the caller (:func:`train`, the command line).

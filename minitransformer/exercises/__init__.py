@@ -336,8 +336,9 @@ class Checker:
             except NotImplementedError:
                 return Verdict(False, f"{FAIL} not implemented yet")
             except Exception as exc:  # the learner's bug, reported, never raised
+                text = " ".join(str(exc).splitlines())      # one line, always
                 message = (f"{FAIL} case {number}: for input {shown} your function raised "
-                           f"{type(exc).__name__}: {exc}")
+                           f"{type(exc).__name__}: {text}")
                 answers.append(("error", exc))
                 return Verdict(False, self._hint_for(function, answers, message, args, error=exc))
             answers.append(("value", got))

@@ -11,7 +11,10 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 * :data:`check_parameter_count` -- ``my_gpt2_parameter_count(vocab_size, context_length,
   num_layers, d_model, d_ff)``: the parameters of a GPT-2 with a tied head.
 * :data:`check_byte_to_char` -- ``my_byte_to_char(b)``: the character GPT-2's ``vocab.json``
-  and ``merges.txt`` write for the byte ``b``.
+  and ``merges.txt`` write for the byte ``b``; its nine checks run all 256 bytes.
+
+A hint is given only for a listed mistake that gives the learner's answer on every case
+(``match_every_case``): the cases are chosen so that the typical mistakes differ somewhere.
 """
 
 from __future__ import annotations

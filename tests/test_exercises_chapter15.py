@@ -504,7 +504,9 @@ def test_a_size_mismatch_on_rank_0_alone_gets_the_collective_hint(capsys):
 
     assert not check_average_gradients(my_average_gradients)
     out = capsys.readouterr().out
-    assert out.startswith("✗ case 1: for input (model, num_sequences) with shares (4, 4)")
+    assert out.startswith("✗ case 1: for input (model, num_sequences) with shares (4, 4) on "
+                          "ranks 0 and 1, rank 0 was stopped inside a collective call that "
+                          "the other rank did not match. Hint: every rank must make")
     assert out.endswith("(no `if dist.get_rank() == 0:` around it)\n")
     assert "gloo" not in out and out.count("\n") == 1
 

@@ -802,9 +802,12 @@ class _TwoRankChecker(Checker):
             if name == "TypeError" and "Expected parameter `tensor`" in message:
                 text += f". Hint: {_NOT_A_TENSOR_HINT}"
             return text
-        if errors or len(got) < 2:
-            rank = errors[0][0] if errors else min(got, default=0)
-            return (f"{FAIL} {where}, rank {rank} waited in vain for the other rank. "
+        stopped = [rank for rank in (0, 1) if rank not in got]
+        if stopped:                 # gloo ended the process: the ranks' tensors differed
+            return (f"{FAIL} {where}, rank {stopped[0]} was stopped inside a collective call "
+                    f"that the other rank did not match. Hint: {_UNMATCHED_HINT}")
+        if errors:
+            return (f"{FAIL} {where}, rank {errors[0][0]} waited in vain for the other rank. "
                     f"Hint: {_UNMATCHED_HINT}")
         for rank in (0, 1):
             for name, grad in zip(_NAMES, got[rank][1]):

@@ -185,8 +185,8 @@ def test_rms_norm_with_the_population_variance(capsys):
 def test_rms_norm_with_the_standard_deviation(capsys):
     assert not check_rms_norm(lambda x, weight, eps:
                               x / (x.std(-1, keepdim=True) + eps) * weight)
-    assert _hint(_out(capsys)).startswith("x.var() and x.std() measure the spread around the mean "
-                                          "(and divide by d - 1)")
+    assert _hint(_out(capsys)).startswith("x.std() measures the spread around the mean "
+                                          "(and divides by d - 1)")
 
 
 def test_rms_norm_over_the_whole_tensor(capsys):
@@ -211,7 +211,7 @@ def test_rms_norm_without_keepdim(capsys):
 
 def test_rms_norm_that_normalizes_to_unit_length(capsys):
     assert not check_rms_norm(lambda x, weight, eps: F.normalize(x, dim=-1, eps=eps) * weight)
-    assert _hint(_out(capsys)).startswith("the mean of the squares, not their sum")
+    assert _hint(_out(capsys)).startswith("x.norm() (and F.normalize) divide by the root")
 
 
 def test_rms_norm_without_the_square_root(capsys):
@@ -498,3 +498,201 @@ def test_swiglu_with_untransposed_weights(capsys):
 def test_swiglu_with_silu_on_the_product(capsys):
     assert not check_swiglu(lambda x, g, u, d: F.silu((x @ g.T) * (x @ u.T)) @ d.T)
     assert _hint(_out(capsys)).startswith("the silu goes on the gate alone")
+
+
+# --- a catalogue of typical wrong answers, each with the hint it must get --------------------
+# Written as a learner writes them. ``None``: a mistake no hint names; it must still fail, and
+# get no hint at all rather than another mistake's. The share named is measured below.
+
+def _rms(statistic, *, eps_inside=True, weight_at_end=True):
+    def my_rms_norm(x, weight, eps):
+        if not weight_at_end:
+            x = x * weight
+        s = statistic(x)
+        y = x / torch.sqrt(s + eps) if eps_inside else x / (torch.sqrt(s) + eps)
+        return y * weight if weight_at_end else y
+    return my_rms_norm
+
+
+def _rope(*, positions=lambda o, t: torch.arange(o, o + t), power=None, pairs="halves",
+          frequencies_for=None):
+    def my_apply_rope(x, offset, theta):
+        length, d = x.shape[-2:]
+        p = torch.arange(0, d, 2) / d if power is None else power(d)
+        angles = torch.outer(positions(offset, length), theta ** (-p))
+        if frequencies_for == "every dimension":
+            angles = torch.outer(positions(offset, length),
+                                 theta ** (-2 * torch.arange(d) / d))
+        elif pairs == "repeat_interleave":
+            angles = angles.repeat_interleave(2, dim=-1)
+        else:
+            angles = torch.cat([angles, angles], dim=-1)
+        first, second = x.chunk(2, dim=-1)
+        return x * angles.cos() + torch.cat([-second, first], dim=-1) * angles.sin()
+    return my_apply_rope
+
+
+def _rope_by_neighbours(x, offset, theta):
+    length, d = x.shape[-2:]
+    angles = torch.outer(torch.arange(offset, offset + length),
+                         theta ** (-torch.arange(0, d, 2) / d))
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = even * angles.cos() - odd * angles.sin()
+    out[..., 1::2] = even * angles.sin() + odd * angles.cos()
+    return out
+
+
+def _expand_by_hand(kv, num_heads):
+    b, g, t, d = kv.shape
+    group = num_heads // g
+    return kv[:, None].expand(b, group, g, t, d).reshape(b, num_heads, t, d)
+
+
+def _swiglu(gate=F.silu, *, transpose=True, combine=lambda a, b: a * b, down=True):
+    def my_swiglu(x, gate_weight, up_weight, down_weight):
+        g, u, dw = (gate_weight.T, up_weight.T, down_weight.T) if transpose else (
+            gate_weight, up_weight, down_weight)
+        hidden = combine(gate(x @ g), x @ u)
+        return hidden @ dw if down else hidden
+    return my_swiglu
+
+
+R, P, E, S = check_rms_norm, check_apply_rope, check_expand_kv_heads, check_swiglu
+ms = "x.pow(2).mean(-1, keepdim=True)"
+CATALOGUE = [
+    # my_rms_norm
+    ("rms centred", R, lambda x, w, eps: (x - x.mean(-1, keepdim=True)) / torch.sqrt(
+        ((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + eps) * w,
+     "RMSNorm does not subtract the mean: divide"),
+    ("rms layer_norm", R, lambda x, w, eps: F.layer_norm(x, x.shape[-1:], w, eps=eps),
+     "RMSNorm does not subtract the mean: divide"),
+    ("rms var", R, _rms(lambda x: x.var(-1, unbiased=False, keepdim=True)),
+     "not even inside the statistic"),
+    ("rms unbiased var", R, _rms(lambda x: x.var(-1, keepdim=True)),
+     "(and divide by d - 1); RMSNorm uses the mean of x**2 itself"),
+    ("rms std + eps", R, lambda x, w, eps: x / (x.std(-1, keepdim=True) + eps) * w,
+     "x.std() measures"),
+    ("rms mean of all", R, _rms(lambda x: (x ** 2).mean()), "take the mean over the last"),
+    ("rms dim 0", R, _rms(lambda x: (x ** 2).mean(0, keepdim=True)), "dim=0 runs down"),
+    ("rms no keepdim", R, _rms(lambda x: (x ** 2).mean(-1)), "keepdim=True keeps"),
+    ("rms sum", R, _rms(lambda x: (x ** 2).sum(-1, keepdim=True)), "not their sum"),
+    ("rms norm", R, lambda x, w, eps: x / torch.linalg.norm(x, dim=-1, keepdim=True) * w,
+     "x.norm() (and F.normalize)"),
+    ("rms no sqrt", R, lambda x, w, eps: x / ((x ** 2).mean(-1, keepdim=True) + eps) * w,
+     "take the square root"),
+    ("rms eps outside", R, _rms(lambda x: (x ** 2).mean(-1, keepdim=True), eps_inside=False),
+     "eps goes inside the square root, added"),
+    ("rms no eps", R, lambda x, w, eps: x / (x ** 2).mean(-1, keepdim=True).sqrt() * w,
+     "case 2 uses eps = 0.5"),
+    ("rms eps written in", R, lambda x, w, eps: x * torch.rsqrt(
+        (x ** 2).mean(-1, keepdim=True) + 1e-6) * w, "case 2 uses eps = 0.5"),
+    ("rms square of mean", R, _rms(lambda x: x.mean(-1, keepdim=True) ** 2),
+     "the mean of x**2, not the square"),
+    ("rms no weight", R, lambda x, w, eps: x / torch.sqrt((x ** 2).mean(-1, keepdim=True)
+                                                         + eps), "multiply by weight, the"),
+    ("rms + weight", R, lambda x, w, eps: x / torch.sqrt((x ** 2).mean(-1, keepdim=True)
+                                                        + eps) + w, "do not add it"),
+    ("rms / weight", R, lambda x, w, eps: x / torch.sqrt((x ** 2).mean(-1, keepdim=True)
+                                                        + eps) / w, "dividing by it undoes"),
+    ("rms weight first", R, _rms(lambda x: (x ** 2).mean(-1, keepdim=True),
+                                 weight_at_end=False), "not of x * weight"),
+    ("rms var, no weight", R, lambda x, w, eps: x / torch.sqrt(
+        x.var(-1, keepdim=True) + eps), None),
+    # my_apply_rope
+    ("rope neighbours", P, _rope_by_neighbours, "pair dimension i with i + d/2"),
+    ("rope repeat_interleave", P, _rope(pairs="repeat_interleave"),
+     "the angles of the first half repeat"),
+    ("rope no offset", P, _rope(positions=lambda o, t: torch.arange(t)),
+     "torch.arange(offset, offset + T), not"),
+    ("rope offset + 1", P, _rope(positions=lambda o, t: torch.arange(o + 1, o + t + 1)),
+     "not offset + 1"),
+    ("rope offset - 1", P, _rope(positions=lambda o, t: torch.arange(o - 1, o + t - 1)),
+     "not offset - 1"),
+    ("rope 10000", P, lambda x, o, theta: _rope()(x, o, 10000.0), "not the paper's 10000"),
+    ("rope arange(d // 2)", P, _rope(power=lambda d: torch.arange(d // 2) / d),
+     "not torch.arange(d // 2) / d"),
+    ("rope positive exponent", P, _rope(power=lambda d: -torch.arange(0, d, 2) / d),
+     "the exponent is negative"),
+    ("rope //", P, _rope(power=lambda d: torch.arange(0, d, 2) // d), "// is integer"),
+    ("rope every dimension", P, _rope(frequencies_for="every dimension"),
+     "not d frequencies"),
+    ("rope wrong way", P, lambda x, o, theta: 2 * x * torch.cat(
+        [torch.outer(torch.arange(o, o + x.shape[-2]),
+                     theta ** (-torch.arange(0, x.shape[-1], 2) / x.shape[-1]))] * 2,
+        dim=-1).cos() - _rope()(x, o, theta), "yours turns by -angle"),
+    ("rope no rotation", P, lambda x, o, theta: x * torch.cat(
+        [torch.outer(torch.arange(o, o + x.shape[-2]),
+                     theta ** (-torch.arange(0, x.shape[-1], 2) / x.shape[-1]))] * 2,
+        dim=-1).cos() + x * torch.cat(
+        [torch.outer(torch.arange(o, o + x.shape[-2]),
+                     theta ** (-torch.arange(0, x.shape[-1], 2) / x.shape[-1]))] * 2,
+        dim=-1).sin(), "not x * cos + x * sin"),
+    # my_expand_kv_heads
+    ("expand repeat", E, lambda kv, h: kv.repeat(1, h // kv.shape[1], 1, 1), "repeat tiles"),
+    ("expand cat copies", E, lambda kv, h: torch.cat([kv] * (h // kv.shape[1]), dim=1),
+     "repeat tiles"),
+    ("expand by hand, tiled", E, _expand_by_hand, "repeat tiles"),
+    ("expand positions", E, lambda kv, h: kv.repeat_interleave(h // kv.shape[1], dim=2),
+     "not the positions (dim 2)"),
+    ("expand features", E, lambda kv, h: kv.repeat_interleave(h // kv.shape[1], dim=-1),
+     "not the features"),
+    ("expand batch", E, lambda kv, h: kv.repeat_interleave(h // kv.shape[1], dim=0),
+     "dim 0 is the batch"),
+    ("expand num_heads times", E, lambda kv, h: kv.repeat_interleave(h, 1), "not num_heads"),
+    ("expand nothing", E, lambda kv, h: kv, "expand to num_heads heads"),
+    ("expand shape[0]", E, lambda kv, h: torch.repeat_interleave(kv, h // kv.shape[0], 1),
+     "kv.shape[0] is the batch"),
+    ("expand g times", E, lambda kv, h: kv.repeat_interleave(kv.size(1), dim=1),
+     "not g times"),
+    ("expand /", E, lambda kv, h: kv.repeat_interleave(h / kv.shape[1], dim=1),
+     "divide with //"),
+    ("expand expand", E, lambda kv, h: kv.expand(-1, h, -1, -1), "expand only stretches"),
+    # my_swiglu
+    ("swiglu swapped", S, lambda x, g, u, d: (F.silu(x @ u.T) * (x @ g.T)) @ d.T,
+     "the up projection does not"),
+    ("swiglu sigmoid", S, _swiglu(torch.sigmoid), "not the sigmoid alone"),
+    ("swiglu gelu", S, _swiglu(F.gelu), "GEGLU"),
+    ("swiglu relu", S, _swiglu(torch.relu), "ReGLU"),
+    ("swiglu +", S, _swiglu(combine=lambda a, b: a + b), "not silu(gate) + up"),
+    ("swiglu no up", S, _swiglu(combine=lambda a, b: a), "keep the up projection"),
+    ("swiglu no gate", S, lambda x, g, u, d: (x @ u.T) @ d.T, "keep the gate"),
+    ("swiglu no down", S, _swiglu(down=False), "end with the down projection"),
+    ("swiglu no .T", S, _swiglu(transpose=False), "multiply by their transpose"),
+    ("swiglu silu on product", S, lambda x, g, u, d: F.silu((x @ g.T) * (x @ u.T)) @ d.T,
+     "not on the product"),
+    ("swiglu precedence", S, lambda x, g, u, d: (F.silu(x @ g.T) * x @ u.T) @ d.T,
+     "same precedence"),
+    ("swiglu silu by hand", S, _swiglu(lambda z: z / (1 + torch.exp(z))),
+     "the exponent is -z"),
+    ("swiglu down not .T", S, lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d,
+     "end with @ down_weight.T"),
+]
+
+
+@pytest.mark.parametrize("name, checker, wrong, fragment", CATALOGUE,
+                         ids=[entry[0] for entry in CATALOGUE])
+def test_catalogue(name, checker, wrong, fragment):
+    verdict = checker.run(wrong)
+    assert not verdict, "a wrong answer passed"
+    message = verdict.message
+    assert "\n" not in message
+    if fragment is None:
+        assert "Hint: " not in message, message
+        return
+    assert "Hint: " in message, message
+    hint = message.split("Hint: ", 1)[1]
+    listed = [h for h in checker.mistakes if fragment in h]
+    assert len(listed) == 1, (fragment, listed)
+    assert hint == listed[0], (fragment, message)
+
+
+def test_catalogue_coverage():
+    """At least 90% of the catalogue's wrong answers get a hint that names them; every
+    exercise has at least eight."""
+    named = sum(fragment is not None for *_, fragment in CATALOGUE)
+    share = named / len(CATALOGUE)
+    print(f"chapter 14: {named} of {len(CATALOGUE)} typical mistakes named ({share:.0%})")
+    assert share >= 0.9
+    for checker in (R, P, E, S):
+        assert sum(entry[1] is checker for entry in CATALOGUE) >= 8

@@ -52,21 +52,21 @@ def my_ring_allreduce_bytes_by_rounds(num_parameters, world_size, bytes_per_numb
 
 
 def my_zero_bytes_per_gpu(num_parameters, world_size, stage):
-    sharded = {"optimizer": stage >= 1, "gradients": stage >= 2, "weights": stage >= 3}
-    size = {"weights": 2, "gradients": 2, "optimizer": 12}
-    return sum(num_parameters * size[kind] / (world_size if split else 1)
-               for kind, split in sharded.items())
+    weights = 2 * num_parameters / (world_size if stage >= 3 else 1)
+    gradients = 2 * num_parameters / (world_size if stage >= 2 else 1)
+    optimizer_state = 12 * num_parameters / (world_size if stage >= 1 else 1)
+    return weights, gradients, optimizer_state
 
 
 def my_zero_bytes_by_cases(num_parameters, world_size, stage):
     p, n = num_parameters, world_size
     if stage == 0:
-        return 16 * p
+        return [2 * p, 2 * p, 12 * p]                       # a list of ints is right too
     if stage == 1:
-        return 4 * p + 12 * p / n
+        return 2 * p, 2 * p, 12 * p // n
     if stage == 2:
-        return 2 * p + 14 * p / n
-    return 16 * p / n
+        return 2 * p, 2 * p // n, 12 * p // n
+    return 2 * p / n, 2 * p / n, 12 * p / n
 
 
 CORRECT = {
@@ -313,16 +313,16 @@ def test_ring_bytes_of_one_process_is_zero():
     assert check_ring_bytes.reference(5000, 1, 4) == 0
 
 
-# --- ZeRO bytes per GPU -------------------------------------------------------------------------
+# --- ZeRO bytes per GPU: (weights, gradients, optimizer_state) --------------------------------
 
 def _zero(weights=2, gradients=2, optimizer=12, shards=None):
     shards = shards or {0: "", 1: "o", 2: "og", 3: "ogw"}
 
     def my_zero_bytes_per_gpu(num_parameters, world_size, stage):
         split = shards[stage]
-        return num_parameters * (weights / (world_size if "w" in split else 1)
-                                 + gradients / (world_size if "g" in split else 1)
-                                 + optimizer / (world_size if "o" in split else 1))
+        return (num_parameters * weights / (world_size if "w" in split else 1),
+                num_parameters * gradients / (world_size if "g" in split else 1),
+                num_parameters * optimizer / (world_size if "o" in split else 1))
     return my_zero_bytes_per_gpu
 
 
@@ -330,89 +330,27 @@ def test_zero_helper_is_right_by_default():
     assert check_zero_bytes.run(_zero())
 
 
-def test_zero_with_adams_two_moments_only(capsys):
-    assert not check_zero_bytes(_zero(optimizer=8))
+def test_zero_stage_two_that_shards_the_weights_instead_of_the_gradients(capsys):
+    """Issue 29: the same total as the right answer at every stage, told apart by the parts."""
+    wrong = _zero(shards={0: "", 1: "o", 2: "ow", 3: "ogw"})
+    assert all(sum(wrong(*case)) == sum(check_zero_bytes.reference(*case))
+               for case in check_zero_bytes.cases)
+    assert not check_zero_bytes(wrong)
     out = _out(capsys)
-    assert out.startswith("✗ case 1: for input (1000, 4, 1)")
-    assert _hint(out).startswith("Adam's state in mixed precision is 12 bytes")
+    assert out.startswith("✗ case 2: for input (1000, 4, 2) expected (2000, 500, 3000) but "
+                          "got (500, 2000, 3000)")
+    assert _hint(out).startswith("stage 2 shards the gradients, not the weights")
 
 
-def test_zero_with_float32_weights_and_gradients(capsys):
-    assert not check_zero_bytes(_zero(weights=4, gradients=4))
-    assert _hint(_out(capsys)).startswith("the weights and gradients are float16")
-
-
-def test_zero_stage_one_that_shards_the_gradients(capsys):
-    assert not check_zero_bytes(_zero(shards={0: "", 1: "og", 2: "og", 3: "ogw"}))
-    assert _hint(_out(capsys)).startswith("stage 1 shards the optimizer state only")
-
-
-def test_zero_stage_one_that_shards_nothing(capsys):
-    assert not check_zero_bytes(_zero(shards={0: "", 1: "", 2: "og", 3: "ogw"}))
-    assert _hint(_out(capsys)).startswith("stage 1 shards the optimizer state: 12 bytes")
-
-
-def test_zero_stage_two_that_keeps_the_gradients(capsys):
-    assert not check_zero_bytes(_zero(shards={0: "", 1: "o", 2: "o", 3: "ogw"}))
-    assert _hint(_out(capsys)).startswith("stage 2 shards the gradients as well")
-
-
-def test_zero_stage_three_that_keeps_the_weights(capsys):
-    def my_zero_bytes_per_gpu(num_parameters, world_size, stage):
-        if stage == 0:
-            return 16 * num_parameters
-        if stage == 1:
-            return 4 * num_parameters + 12 * num_parameters / world_size
-        return 2 * num_parameters + 14 * num_parameters / world_size
-
-    assert not check_zero_bytes(my_zero_bytes_per_gpu)
-    assert _hint(_out(capsys)).startswith("stage 3 shards everything")
-
-
-def test_zero_in_float32_without_a_master_copy(capsys):
-    assert not check_zero_bytes(_zero(weights=4, gradients=4, optimizer=8))
-    assert _hint(_out(capsys)).startswith("that is float32 without a master copy")
-
-
-def test_zero_that_shards_all_16_bytes_from_stage_one(capsys):
-    assert not check_zero_bytes(_zero(shards={0: "", 1: "ogw", 2: "ogw", 3: "ogw"}))
-    assert _hint(_out(capsys)).startswith("the stages differ in what they shard")
-
-
-def test_zero_stage_three_that_shards_only_the_weights(capsys):
-    assert not check_zero_bytes(_zero(shards={0: "", 1: "o", 2: "og", 3: "w"}))
-    assert _hint(_out(capsys)).startswith("the stages add up: stage 3 shards the weights")
-
-
-def test_zero_stages_that_do_not_add_up(capsys):
-    assert not check_zero_bytes(_zero(shards={0: "", 1: "o", 2: "g", 3: "w"}))
-    assert _hint(_out(capsys)).startswith("the stages add up: each one shards its own part")
-
-
-def test_zero_in_gigabytes(capsys):
-    def my_zero_bytes_per_gpu(num_parameters, world_size, stage):
-        return _zero()(num_parameters, world_size, stage) / 1e9
-
-    assert not check_zero_bytes(my_zero_bytes_per_gpu)
-    assert _hint(_out(capsys)).startswith("the answer is in bytes, not gigabytes")
-
-
-def test_zero_stage_zero_that_shards_the_optimizer(capsys):
-    def my_zero_bytes_per_gpu(num_parameters, world_size, stage):
-        weights, gradients, optimizer = 2, 2, 12 / world_size
-        if stage >= 2:
-            gradients /= world_size
-        if stage >= 3:
-            weights /= world_size
-        return num_parameters * (weights + gradients + optimizer)
-
-    assert not check_zero_bytes(my_zero_bytes_per_gpu)
-    assert _hint(_out(capsys)).startswith("stage 0 is plain data parallelism")
+def test_zero_that_returns_the_total(capsys):
+    assert not check_zero_bytes(lambda p, n, s: sum(_zero()(p, n, s)))
+    assert _hint(_out(capsys)).startswith("return the three parts")
 
 
 def test_zero_reference_at_llama3_8b_on_8_gpus():
     """The chapter's table: 128.5, 44.2, 30.1 and 16.1 GB."""
-    found = [round(check_zero_bytes.reference(8_030_261_248, 8, s) / 1e9, 1) for s in range(4)]
+    found = [round(sum(check_zero_bytes.reference(8_030_261_248, 8, s)) / 1e9, 1)
+             for s in range(4)]
     assert found == [128.5, 44.2, 30.1, 16.1]
 
 
@@ -532,3 +470,262 @@ def test_averaging_leaves_the_global_random_state_alone():
     check_average_gradients._locals()
     chapter15._problem()
     torch.testing.assert_close(torch.rand(3), expected)
+
+
+# Issue 29.
+def test_the_untouched_stub_is_recognised_without_starting_processes(monkeypatch, capsys):
+    def my_average_gradients(model, num_sequences):
+        # your code here
+        raise NotImplementedError
+
+    def no_launch(functions):
+        raise AssertionError("two processes were started for the stub")
+
+    monkeypatch.setattr(chapter15, "_run_on_two_ranks", no_launch)
+    assert not check_average_gradients(my_average_gradients)
+    assert capsys.readouterr().out == "✗ not implemented yet\n"
+    assert not chapter15._is_stub(chapter15._average_gradients)
+    assert not chapter15._is_stub(lambda model, n: model.zero_grad())
+
+
+def test_a_size_mismatch_on_rank_0_alone_gets_the_collective_hint(capsys):
+    """The count reduced by rank 0 alone meets rank 1's first gradient: gloo aborts rank 0's
+    process (no Python error to catch), and the hint says what went wrong."""
+    import torch.distributed as dist
+
+    def my_average_gradients(model, num_sequences):
+        total = torch.tensor(float(num_sequences))
+        if dist.get_rank() == 0:
+            dist.all_reduce(total)
+        for p in model.parameters():
+            p.grad *= num_sequences
+            dist.all_reduce(p.grad)
+            p.grad /= total
+
+    assert not check_average_gradients(my_average_gradients)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ case 1: for input (model, num_sequences) with shares (4, 4) on "
+                          "ranks 0 and 1, rank 0 was stopped inside a collective call that "
+                          "the other rank did not match. Hint: every rank must make")
+    assert out.endswith("(no `if dist.get_rank() == 0:` around it)\n")
+    assert "gloo" not in out and out.count("\n") == 1
+
+
+# --- a catalogue of typical wrong answers, each with the hint it must get --------------------
+# Written as a learner writes them. ``None``: a mistake no hint names; it must still fail, and
+# get no hint at all rather than another mistake's. The share named is measured below. The
+# averaging entries run on one launch of two processes (run_many), as they make matching
+# collectives; those that break the group are the separate tests above.
+
+def _restore(*, model="model", optimizer="optimizer", torch_rng="torch_rng",
+             data_rng="data_rng", step=lambda c: c["step"]):
+    def my_restore(mod, opt, gen, checkpoint):
+        if model:
+            mod.load_state_dict(checkpoint[model] if model != "all" else checkpoint)
+        if optimizer:
+            opt.load_state_dict(checkpoint[optimizer] if optimizer != "all" else checkpoint)
+        if torch_rng == "seed":
+            torch.manual_seed(checkpoint["step"])
+        elif torch_rng:
+            torch.set_rng_state(checkpoint[torch_rng])
+        if data_rng == "seed":
+            gen.manual_seed(1234)
+        elif data_rng:
+            gen.set_state(checkpoint[data_rng])
+        return step(checkpoint)
+    return my_restore
+
+
+def _averaging(scale_before=True, divide="total", reduce="all_reduce", weights=False):
+    import torch.distributed as dist
+
+    def my_average_gradients(model, num_sequences):
+        total = torch.tensor(float(num_sequences))
+        dist.all_reduce(total)
+        for p in model.parameters():
+            if scale_before:
+                p.grad *= num_sequences
+            if reduce == "all_reduce":
+                dist.all_reduce(p.grad)
+            elif reduce == "broadcast":
+                dist.broadcast(p.grad, src=0)
+            elif reduce == "reduce":
+                dist.reduce(p.grad, dst=0)
+            elif reduce == "a copy":
+                dist.all_reduce(p.grad.clone())
+            elif reduce == "avg":
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+            if weights:
+                dist.all_reduce(p.data)
+            if not scale_before and divide == "total":
+                p.grad *= num_sequences / total
+            elif divide == "total":
+                p.grad /= total
+            elif divide == "world":
+                p.grad /= dist.get_world_size()
+            elif divide == "own":
+                p.grad /= num_sequences
+            elif divide == "own x world":
+                p.grad /= num_sequences * dist.get_world_size()
+            elif divide == "8":
+                p.grad /= 8
+    return my_average_gradients
+
+
+def _parts(*names):
+    """The hint for a restore that leaves these parts out."""
+    return "; and ".join(chapter15._PART_HINTS[name] for name in names)
+
+
+CATALOGUE = [
+    # my_restore
+    ("restore weights only", check_restore, _restore(optimizer=None, torch_rng=None,
+                                                      data_rng=None),
+     _parts("optimizer", "torch_rng", "data_rng")),
+    ("restore no optimizer", check_restore, _restore(optimizer=None), _parts("optimizer")),
+    ("restore no dropout rng", check_restore, _restore(torch_rng=None), _parts("torch_rng")),
+    ("restore reseeds torch", check_restore, _restore(torch_rng="seed"), _parts("torch_rng")),
+    ("restore no data rng", check_restore, _restore(data_rng=None), _parts("data_rng")),
+    ("restore reseeds data", check_restore, _restore(data_rng="seed"), _parts("data_rng")),
+    ("restore swapped", check_restore, _restore(torch_rng="data_rng", data_rng="torch_rng"),
+     "the two generator states are swapped"),
+    ("restore step + 1", check_restore, _restore(step=lambda c: c["step"] + 1),
+     "not one more"),
+    ("restore returns 0", check_restore, _restore(step=lambda c: 0),
+     "return the step the checkpoint was taken at"),
+    ("restore returns nothing", check_restore, _restore(step=lambda c: None),
+     "the function returns nothing"),
+    ("restore no weights", check_restore, _restore(model=None), _parts("model")),
+    ("restore whole into model", check_restore, _restore(model="all"),
+     "give model.load_state_dict"),
+    ("restore whole into optimizer", check_restore, _restore(optimizer="all"),
+     "give optimizer.load_state_dict"),
+    # my_ring_allreduce_bytes
+    ("ring one pass", check_ring_bytes, lambda p, n, b: (n - 1) / n * p * b,
+     "a ring all-reduce has two passes"),
+    ("ring whole twice", check_ring_bytes, lambda p, n, b: 2 * p * b, "only its share"),
+    ("ring numbers", check_ring_bytes, lambda p, n, b: 2 * (n - 1) / n * p,
+     "multiply the count of numbers"),
+    ("ring N - 1 copies", check_ring_bytes, lambda p, n, b: 2 * (n - 1) * p * b,
+     "each chunk is 1/N"),
+    ("ring brackets", check_ring_bytes, lambda p, n, b: 2 * (n - 1 / n) * p * b,
+     "mind the brackets"),
+    ("ring bits", check_ring_bytes, lambda p, n, b: 2 * (n - 1) / n * p * b * 8, "not bits"),
+    ("ring //", check_ring_bytes, lambda p, n, b: 2 * (n - 1) // n * p * b, "// n is"),
+    ("ring divided twice", check_ring_bytes, lambda p, n, b: 2 * (1 - 1 / n) / n * p * b,
+     "do not divide by N again"),
+    ("ring inverted", check_ring_bytes, lambda p, n, b: 2 * n / (n - 1) * p * b,
+     "not N/(N - 1)"),
+    ("ring sent and received", check_ring_bytes, lambda p, n, b: 4 * (n - 1) / n * p * b,
+     "what it receives"),
+    ("ring naive", check_ring_bytes, lambda p, n, b: (n - 1) * p * b, "naive all-reduce"),
+    ("ring 4 bytes", check_ring_bytes, lambda p, n, b: 2 * (n - 1) / n * p * 4, "not 4"),
+    ("ring MB", check_ring_bytes, lambda p, n, b: 2 * (n - 1) / n * p * b / 1e6,
+     "not megabytes"),
+    ("ring MiB", check_ring_bytes, lambda p, n, b: 2 * (n - 1) / n * p * b / 1024 / 1024,
+     "not MiB"),
+    # my_zero_bytes_per_gpu
+    ("zero total", check_zero_bytes, lambda p, n, s: sum(_zero()(p, n, s)),
+     "return the three parts"),
+    ("zero order", check_zero_bytes, lambda p, n, s: tuple(reversed(_zero()(p, n, s))),
+     "in the order weights"),
+    ("zero per parameter", check_zero_bytes, lambda p, n, s: _zero()(1, n, s),
+     "multiply by num_parameters"),
+    ("zero 8 bytes of Adam", check_zero_bytes, _zero(optimizer=8), "12 bytes a parameter: a"),
+    ("zero master as weights", check_zero_bytes,
+     _zero(weights=6, optimizer=8),
+     "the float32 master copy of the weights is optimizer state"),
+    ("zero float32", check_zero_bytes, _zero(weights=4, gradients=4), "float16 (2 bytes"),
+    ("zero stage 1 gradients", check_zero_bytes, _zero(shards={0: "", 1: "og", 2: "og",
+                                                               3: "ogw"}),
+     "optimizer state only; the gradients"),
+    ("zero stage 1 nothing", check_zero_bytes, _zero(shards={0: "", 1: "", 2: "og",
+                                                             3: "ogw"}), "kept whole"),
+    ("zero stage 2 keeps gradients", check_zero_bytes,
+     _zero(shards={0: "", 1: "o", 2: "o", 3: "ogw"}), "only the weights stay whole"),
+    ("zero stage 2 weights", check_zero_bytes,
+     _zero(shards={0: "", 1: "o", 2: "ow", 3: "ogw"}), "the gradients, not the weights"),
+    ("zero stage 3 keeps weights", check_zero_bytes,
+     _zero(shards={0: "", 1: "o", 2: "og", 3: "og"}), "stage 3 shards everything"),
+    ("zero float32 no master", check_zero_bytes, _zero(weights=4, gradients=4, optimizer=8),
+     "without a master copy"),
+    ("zero all from stage 1", check_zero_bytes,
+     _zero(shards={0: "", 1: "ogw", 2: "ogw", 3: "ogw"}), "differ in what they shard"),
+    ("zero stage 3 weights only", check_zero_bytes,
+     _zero(shards={0: "", 1: "o", 2: "og", 3: "w"}), "stage 3 shards the weights as well"),
+    ("zero stages alone", check_zero_bytes, _zero(shards={0: "", 1: "o", 2: "g", 3: "w"}),
+     "each one shards its own part"),
+    ("zero GB", check_zero_bytes, lambda p, n, s: tuple(v / 1e9 for v in _zero()(p, n, s)),
+     "not gigabytes"),
+    ("zero stage 0 shards", check_zero_bytes,
+     _zero(shards={0: "o", 1: "o", 2: "og", 3: "ogw"}), "plain data parallelism"),
+    ("zero 8 bytes of Adam, float32", check_zero_bytes,
+     _zero(weights=4, gradients=2, optimizer=8), None),
+]
+
+AVERAGING = [
+    ("mean of means", _averaging(scale_before=False, divide="world"),
+     "the mean of the ranks' means"),
+    ("ReduceOp.AVG", _averaging(scale_before=False, reduce="avg", divide=None),
+     "the mean of the ranks' means"),
+    ("sum only", _averaging(scale_before=False, divide=None), "divide the sum by"),
+    ("a copy", _averaging(reduce="a copy"), "give it p.grad itself, not a copy"),
+    ("weights reduced", _averaging(reduce=None, weights=True), "(p.data holds the weights)"),
+    ("right, plus the weights", _averaging(weights=True), "so every weight doubled"),
+    ("scaled after", _averaging(scale_before=False), "scale before the all_reduce"),
+    ("broadcast", _averaging(scale_before=False, reduce="broadcast", divide=None),
+     "dist.broadcast copies"),
+    ("reduce", _averaging(reduce="reduce"), "dist.reduce leaves the sum on one rank"),
+    ("weighted / world", _averaging(divide="world"), "not by the world size"),
+    ("weighted / own", _averaging(divide="own"), "not by this rank's own num_sequences"),
+    ("weighted, not divided", _averaging(divide=None), "still needs dividing"),
+    ("own x world", _averaging(divide="own x world"), "num_sequences * world_size"),
+    ("8 written in", _averaging(divide="8"), "changes from batch to batch"),
+]
+
+
+def _check(checker, wrong, fragment, message):
+    assert "\n" not in message
+    if fragment is None:
+        assert "Hint: " not in message, message
+        return
+    assert "Hint: " in message, message
+    hint = message.split("Hint: ", 1)[1]
+    listed = [h for h in checker.mistakes if fragment in h]
+    if fragment in checker.mistakes:
+        assert hint == fragment, message
+    elif listed:
+        assert len(listed) == 1 and hint == listed[0], (fragment, listed, message)
+    assert fragment in hint, (fragment, message)
+
+
+@pytest.mark.parametrize("name, checker, wrong, fragment", CATALOGUE,
+                         ids=[entry[0] for entry in CATALOGUE])
+def test_catalogue(name, checker, wrong, fragment):
+    verdict = checker.run(wrong)
+    assert not verdict, "a wrong answer passed"
+    _check(checker, wrong, fragment, verdict.message)
+
+
+def test_catalogue_of_averaging_mistakes():
+    verdicts = check_average_gradients.run_many([wrong for _, wrong, _ in AVERAGING])
+    for (name, wrong, fragment), verdict in zip(AVERAGING, verdicts):
+        assert not verdict, f"{name}: a wrong answer passed"
+        _check(check_average_gradients, wrong, fragment, verdict.message)
+
+
+def test_catalogue_coverage():
+    """At least 90% of the catalogue's wrong answers get a hint that names them (the
+    averaging ones, and the separate tests above of a crash, a None gradient, a Python
+    number, an all_reduce on one rank and a size mismatch, which all get one); every exercise
+    has at least eight."""
+    separate = 5
+    entries = [fragment for *_, fragment in CATALOGUE] + [f for *_, f in AVERAGING]
+    named = sum(fragment is not None for fragment in entries) + separate
+    share = named / (len(entries) + separate)
+    print(f"chapter 15: {named} of {len(entries) + separate} typical mistakes named "
+          f"({share:.0%})")
+    assert share >= 0.9
+    for checker in (check_restore, check_ring_bytes, check_zero_bytes):
+        assert sum(entry[1] is checker for entry in CATALOGUE) >= 8
+    assert len(AVERAGING) >= 8

@@ -298,6 +298,9 @@ class Checker:
         atol, rtol: tolerances for float results.
         whole_numbers: where the reference returns an ``int`` (a count: bytes, positions), the
             answer must be an integer too; a float of the same value fails with a hint.
+        match_every_case: a mistake's hint is given only when the mistake gives the learner's
+            answer (or raises the learner's error) on every case, not only on the failing one,
+            so that two mistakes that agree on one small case are told apart by the others.
 
     Calling the checker with the learner's function prints one line and returns a :class:`Verdict`.
     Arguments are deep-copied for every call, so a function that modifies its input in place
@@ -310,6 +313,7 @@ class Checker:
     atol: float = 1e-6
     rtol: float = 1e-5
     whole_numbers: bool = False
+    match_every_case: bool = False
 
     def __post_init__(self) -> None:
         if not self.cases:
@@ -323,6 +327,7 @@ class Checker:
         if not callable(function):
             return Verdict(False, f"{FAIL} expected a function but got {type(function).__name__}")
         not_whole = None
+        answers: list[tuple[str, Any]] = []      # for match_every_case
         for number, args in enumerate(self.cases, start=1):
             expected = self.reference(*copy.deepcopy(args))
             shown = show_input(args, self._names())
@@ -331,9 +336,12 @@ class Checker:
             except NotImplementedError:
                 return Verdict(False, f"{FAIL} not implemented yet")
             except Exception as exc:  # the learner's bug, reported, never raised
+                text = " ".join(str(exc).splitlines())      # one line, always
                 message = (f"{FAIL} case {number}: for input {shown} your function raised "
-                           f"{type(exc).__name__}: {exc}")
-                return Verdict(False, self._with_hint(message, args, error=exc))
+                           f"{type(exc).__name__}: {text}")
+                answers.append(("error", exc))
+                return Verdict(False, self._hint_for(function, answers, message, args, error=exc))
+            answers.append(("value", got))
             problem = difference(expected, got, atol=self.atol, rtol=self.rtol)
             if problem is None and self.whole_numbers and _int(expected) and not _int(got) \
                     and not_whole is None:      # said only if every value is right
@@ -350,7 +358,7 @@ class Checker:
                 message += f": {where}"
             if problem != "values differ":
                 message += f" ({problem})"
-            return Verdict(False, self._with_hint(message, args, got=got))
+            return Verdict(False, self._hint_for(function, answers, message, args, got=got))
         if not_whole is not None:
             return not_whole
         return Verdict(True, f"{PASS} all {len(self.cases)} checks passed")
@@ -361,6 +369,56 @@ class Checker:
             return list(inspect.signature(self.reference).parameters)
         except (TypeError, ValueError):
             return None
+
+    def _hint_for(self, function: Callable[..., Any], answers: list, message: str,
+                  args: tuple, *, got: Any = None, error: Exception | None = None) -> str:
+        """:meth:`_with_hint`, or with ``match_every_case`` :meth:`_with_hint_on_every_case`
+        (``answers``: the learner's outcomes of the cases run so far)."""
+        if self.match_every_case:
+            return self._with_hint_on_every_case(function, answers, message, error=error)
+        return self._with_hint(message, args, got=got, error=error)
+
+    @staticmethod
+    def _outcome(function: Callable[..., Any], args: tuple) -> tuple[str, Any]:
+        """``("value", answer)`` or ``("error", exception)`` of one call, warnings silenced."""
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")  # a known mistake may divide 0 by 0
+                return "value", function(*copy.deepcopy(args))
+        except Exception as error:
+            return "error", error
+
+    def _same_outcome(self, one: tuple[str, Any], other: tuple[str, Any], *,
+                      loose: bool = False) -> bool:
+        """Equal answers, or the same error (``loose``: of the same type, whatever its text)."""
+        if one[0] != other[0]:
+            return False
+        if one[0] == "error":
+            return type(one[1]) is type(other[1]) and (loose or str(one[1]) == str(other[1]))
+        return difference(one[1], other[1], atol=self.atol, rtol=self.rtol,
+                          equal_nan=True) is None
+
+    def _with_hint_on_every_case(self, function: Callable[..., Any], answers: list,
+                                 message: str, *, error: Exception | None = None) -> str:
+        """Add the hint of the first known mistake that answers every case as the learner's
+        function does (the cases after the failing one are run now). An error matches the
+        same error; failing that, where the learner's function answered some case, an error of
+        the same type (the same mistake written another way raises it from other code)."""
+        answers = list(answers)
+        for args in self.cases[len(answers):]:
+            answers.append(self._outcome(function, args))
+        outcomes = {hint: [self._outcome(wrong, args) for args in self.cases]
+                    for hint, wrong in self.mistakes.items()}
+        looser = [False] + ([True] if any(kind == "value" for kind, _ in answers) else [])
+        for loose in looser:
+            for hint, theirs in outcomes.items():
+                if all(self._same_outcome(mine, their, loose=loose)
+                       for mine, their in zip(answers, theirs)):
+                    return f"{message}. Hint: {hint}"
+        general = dtype_hint(error) if error is not None else None
+        if general is not None:
+            return f"{message}. Hint: {general}"
+        return message
 
     def _with_hint(self, message: str, args: tuple, *, got: Any = None,
                    error: Exception | None = None) -> str:

@@ -11,17 +11,23 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 * :data:`check_parameter_count` -- ``my_gpt2_parameter_count(vocab_size, context_length,
   num_layers, d_model, d_ff)``: the parameters of a GPT-2 with a tied head.
 * :data:`check_byte_to_char` -- ``my_byte_to_char(b)``: the character GPT-2's ``vocab.json``
-  and ``merges.txt`` write for the byte ``b``.
+  and ``merges.txt`` write for the byte ``b``; its nine checks run all 256 bytes.
+
+A hint is given only for a listed mistake that gives the learner's answer on every case
+(``match_every_case``): the cases are chosen so that the typical mistakes differ somewhere.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from minitransformer.bpe import bytes_to_unicode
-from minitransformer.exercises import Checker
+from minitransformer.exercises import FAIL, PASS, Checker, Verdict
 
 __all__ = ["check_byte_to_char", "check_conv1d", "check_fuse_qkv", "check_parameter_count"]
 
@@ -61,7 +67,18 @@ check_conv1d = Checker(
             lambda x, w, b: torch.mm(x, w) + b,
         "the input comes first: x @ weight, each row of x times the weight":
             lambda x, w, b: w @ x + b,
+        "x may have more dimensions than two, (batch, positions, in): an einsum over 'ij' "
+        "takes only matrices; write '...i,io->...o', or x @ weight":
+            lambda x, w, b: torch.einsum("ij,jk->ik", x, w) + b,
+        "the product sums over the inputs, dim -2 of x.unsqueeze(-1) * weight (the rows of "
+        "the weight), leaving one number per output":
+            lambda x, w, b: (x.unsqueeze(-1) * w).sum(-1) + b,
+        "add the bias once, to the product: y = x @ weight + bias":
+            lambda x, w, b: x @ w + 2 * b,
+        "add the bias, do not subtract it: y = x @ weight + bias":
+            lambda x, w, b: x @ w - b,
     },
+    match_every_case=True,
 )
 
 
@@ -105,7 +122,19 @@ check_fuse_qkv = Checker(
             lambda q, k, v: torch.cat([k, q, v], dim=0).t(),
         "the order is query, key, value: the value's outputs come last":
             lambda q, k, v: torch.cat([v, k, q], dim=0).t(),
+        "the order is query, key, value: the query's outputs come first":
+            lambda q, k, v: torch.cat([k, v, q], dim=0).t(),
+        "each weight is still in nn.Linear's (out, in) layout: transpose each one before "
+        "joining them, or join along dim 0 and transpose the result":
+            lambda q, k, v: torch.stack([q, k, v], dim=2).reshape(q.shape[0], -1),
+        "torch.stack adds a new dimension: (d, 3, d) is not (d, 3d); join with torch.cat "
+        "along dim 0 and transpose":
+            lambda q, k, v: torch.stack([q, k, v], dim=1),
+        "a sum mixes the three weights into one (d, d) matrix; c_attn holds them side by "
+        "side, (d, 3d): torch.cat":
+            lambda q, k, v: (q + k + v).t(),
     },
+    match_every_case=True,
 )
 
 
@@ -113,14 +142,18 @@ check_fuse_qkv = Checker(
 
 def _parameter_count(vocab_size: int, context_length: int, num_layers: int, d_model: int,
                      d_ff: int, *, position: bool = True, head: bool = False,
-                     linear_bias: bool = True, attention_bias: bool = True,
-                     block_norms: int = 2, final_norm: bool = True, norm_bias: bool = True,
-                     projections: int = 4, width: int | None = None, layers: int | None = None,
-                     head_bias: bool = False) -> int:
+                     head_bias: bool = False, projections: int = 4,
+                     attention_biases: int | None = None, feed_forward_biases: str = "fd",
+                     matrices: int = 2, block_norms: int = 2, final_norm: bool = True,
+                     norm_bias: bool = True, width: int | None = None,
+                     layers: int | None = None) -> int:
+    """The count, or with a keyword one of the ways to get it wrong (``feed_forward_biases``:
+    the widths of the feed-forward's biases, ``"f"`` for d_ff and ``"d"`` for d_model)."""
     d, f = d_model, d_ff if width is None else width
     norm = d * (2 if norm_bias else 1)
-    attention = projections * d * d + (projections * d if linear_bias and attention_bias else 0)
-    feed_forward = 2 * d * f + ((f + d) if linear_bias else 0)
+    biases = projections if attention_biases is None else attention_biases
+    attention = projections * d * d + biases * d
+    feed_forward = matrices * d * f + sum({"f": f, "d": d}[w] for w in feed_forward_biases)
     block = block_norms * norm + attention + feed_forward
     return (vocab_size * d + (context_length * d if position else 0)
             + (vocab_size * d if head else 0) + (vocab_size if head_bias else 0)
@@ -131,6 +164,10 @@ def _count(**mistake):
     return lambda v, t, n, d, f: _parameter_count(v, t, n, d, f, **mistake)
 
 
+# Four sizes in which each listed mistake gives its own numbers: at d_model 4 and d_ff 16, a
+# feed-forward without biases (20 a block) looks like a missing projection (4 * 4 + 4), and a
+# missing c_proj bias (4 a block, 2 blocks) like a missing final norm (2 * 4); the other sizes
+# tell them apart, and a hint is given only for a mistake that matches all four.
 check_parameter_count = Checker(
     reference=lambda vocab_size, context_length, num_layers, d_model, d_ff: _parameter_count(
         vocab_size, context_length, num_layers, d_model, d_ff),
@@ -146,11 +183,23 @@ check_parameter_count = Checker(
             _count(head_bias=True),
         "every linear layer has a bias: d_model for each of q, k, v and the output "
         "projection, d_ff and d_model in the feed-forward":
-            _count(linear_bias=False),
+            _count(attention_biases=0, feed_forward_biases=""),
         "4 * d_model numbers per block are missing: the biases of the attention's four "
         "projections (d_model each), or the block's two layer norms (2 * d_model each), "
         "one before the attention and one before the feed-forward":
-            _count(attention_bias=False),
+            _count(attention_biases=0),
+        "the output projection (c_proj) has a bias too, d_model numbers: the attention has "
+        "four biases, three in c_attn and one in c_proj":
+            _count(attention_biases=3),
+        "the feed-forward's two linear layers have biases too: d_ff numbers in the first "
+        "(c_fc) and d_model in the second (c_proj)":
+            _count(feed_forward_biases=""),
+        "a bias has one number per output: d_ff for the first feed-forward layer, but d_model "
+        "for the second, which maps back to d_model":
+            _count(feed_forward_biases="ff"),
+        "the feed-forward has two matrices, d_model x d_ff into the hidden layer and "
+        "d_ff x d_model back":
+            _count(matrices=1),
         "a layer norm has a weight and a bias, d_model numbers each":
             _count(norm_bias=False),
         "each block has two layer norms, one before the attention and one before the "
@@ -158,6 +207,9 @@ check_parameter_count = Checker(
             _count(block_norms=1),
         "after the last block comes the final layer norm (ln_f): 2 * d_model more":
             _count(final_norm=False),
+        "the final layer norm (ln_f) comes once, after the last block; each block has two, "
+        "not three":
+            _count(block_norms=3, final_norm=False),
         "attention has four projections: query, key, value and the output projection "
         "(c_attn holds three, c_proj the fourth)":
             _count(projections=3),
@@ -166,6 +218,8 @@ check_parameter_count = Checker(
         "there are num_layers blocks: multiply one block's count by num_layers":
             _count(layers=1),
     },
+    whole_numbers=True,
+    match_every_case=True,
 )
 
 
@@ -185,10 +239,63 @@ def _with_printable(printable):
 
 
 _PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]
+_MOVED = [b for b in range(256) if b not in _PRINTABLE]
 
-check_byte_to_char = Checker(
+#: The bytes, in nine groups that cover all 256: each check runs every byte of its group.
+_GROUPS = [tuple(range(33, 127)), tuple(range(0, 10)), tuple(range(10, 32)), (32,), (127,),
+           tuple(range(128, 161)), tuple(range(161, 173)), (173,), tuple(range(174, 256))]
+
+
+def _off_by(table: list) -> str | None:
+    """The hint for answers that are right except for a run of moved bytes numbered a fixed
+    amount off, e.g. bytes 128 to 160 one too low; else ``None``."""
+    wrong = [b for b in range(256) if table[b] != _TABLE[b]]
+    if not wrong or not all(isinstance(table[b], str) and len(table[b]) == 1 for b in wrong):
+        return None
+    shifts = {ord(table[b]) - ord(_TABLE[b]) for b in wrong}
+    if len(shifts) != 1 or not set(wrong) <= set(_MOVED):
+        return None
+    low, high, shift = wrong[0], wrong[-1], shifts.pop()
+    which = f"byte {low} is" if low == high else f"bytes {low} to {high} are"
+    return (f"{which} numbered {abs(shift)} too {'high' if shift > 0 else 'low'}: the 68 "
+            f"moved bytes are numbered in increasing order, 0 to 32, then 127 to 160, then "
+            f"173, so byte {low} is number {_MOVED.index(low)}, chr(256 + "
+            f"{_MOVED.index(low)})")
+
+
+class _EveryByteChecker(Checker):
+    """A :class:`Checker` whose cases are groups of bytes: each check runs the function on
+    every byte of its group, so that all 256 bytes are checked, and a hint is given for a
+    mistake that answers all 256 as the learner's function does."""
+
+    def run(self, function: Callable) -> Verdict:
+        if not callable(function):
+            return super().run(function)
+        group_of = [number for number, group in enumerate(self.cases, start=1)
+                    for _ in group]
+        inner = Checker(reference=self.reference,
+                        cases=[(b,) for group in self.cases for b in group],
+                        mistakes=self.mistakes, match_every_case=True)
+        verdict = inner.run(function)
+        if verdict:
+            return Verdict(True, f"{PASS} all {len(self.cases)} checks passed")
+        match = re.match(rf"{FAIL} case (\d+):", verdict.message)
+        if match is None:                                   # not implemented yet
+            return verdict
+        message = (f"{FAIL} case {group_of[int(match.group(1)) - 1]}:"
+                   f"{verdict.message[match.end():]}")
+        if "Hint: " not in message:
+            table = [Checker._outcome(function, (b,)) for b in range(256)]
+            if all(kind == "value" for kind, _ in table):
+                hint = _off_by([answer for _, answer in table])
+                if hint is not None:
+                    message += f". Hint: {hint}"
+        return Verdict(False, message)
+
+
+check_byte_to_char = _EveryByteChecker(
     reference=lambda b: _TABLE[b],
-    cases=[(65,), (0,), (32,), (10,), (126,), (127,), (173,), (200,), (255,)],
+    cases=_GROUPS,
     mistakes={
         "a space (byte 32) is not printable: it is moved like the control bytes, and GPT-2 "
         "writes it 'Ġ'; the printable bytes start at '!' (33)":
@@ -199,6 +306,9 @@ check_byte_to_char = Checker(
         "byte 127 (DEL) is a control character, moved like the others: the first range "
         "ends at '~' (126)":
             _with_printable([*range(33, 128), *range(161, 173), *range(174, 256)]),
+        "bytes 128 to 160 are control characters and a no-break space, moved too: the "
+        "second range starts at '¡' (161)":
+            _with_printable([*range(33, 127), *range(128, 173), *range(174, 256)]),
         "only the printable bytes stand for themselves: the other 68 get chr(256), "
         "chr(257), ... so that a space or a line break can be written in a file":
             lambda b: chr(b),

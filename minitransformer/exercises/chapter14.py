@@ -69,6 +69,9 @@ check_rms_norm = Checker(
         "x.var() and x.std() measure the spread around the mean (and divide by d - 1); RMSNorm "
         "uses the mean of x**2 itself": _rms_wrong(
             lambda x, eps: x / torch.sqrt(x.var(-1, keepdim=True) + eps)),
+        "x.std() measures the spread around the mean (and divides by d - 1), and eps goes "
+        "inside the root: RMSNorm divides by torch.sqrt(mean of x**2 + eps)": _rms_wrong(
+            lambda x, eps: x / (x.std(-1, keepdim=True) + eps)),
         "take the mean over the last dimension, the features of each vector: "
         "x.pow(2).mean(dim=-1, keepdim=True)": _rms_wrong(
             lambda x, eps: x / torch.sqrt(x.pow(2).mean() + eps)),
@@ -95,7 +98,16 @@ check_rms_norm = Checker(
             lambda x, weight, eps: _rms_norm(x, torch.ones_like(weight), eps),
         "RMSNorm has a gain and no bias: multiply by weight, do not add it":
             lambda x, weight, eps: _rms_norm(x, torch.ones_like(weight), eps) + weight,
+        "multiply by weight; dividing by it undoes the learned gain":
+            lambda x, weight, eps: _rms_norm(x, torch.ones_like(weight), eps) / weight,
+        "normalise x itself, then multiply by weight: the mean of the squares is taken of x, "
+        "not of x * weight":
+            lambda x, weight, eps: _rms_norm(x * weight, torch.ones_like(weight), eps),
+        "x.norm() (and F.normalize) divide by the root of the sum of the squares, sqrt(d) "
+        "times the root mean square: use the mean of x**2, with eps inside the root":
+            lambda x, weight, eps: x / x.norm(dim=-1, keepdim=True) * weight,
     },
+    match_every_case=True,
 )
 
 
@@ -138,6 +150,27 @@ def _repeat_interleaved_angles(x, offset, theta):
     return (x.double() * angles.cos() + rotated * angles.sin()).to(x.dtype)
 
 
+def _rotate_each_dimension(x, offset, theta):
+    """Rotate-half code with one frequency per dimension, theta ** (-2j / d) for j < d."""
+    length, d = x.shape[-2], x.shape[-1]
+    positions = torch.arange(offset, offset + length, dtype=torch.float64)
+    angles = torch.outer(positions, theta ** (-2 * torch.arange(d, dtype=torch.float64) / d))
+    first, second = x.double().chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    return (x.double() * angles.cos() + rotated * angles.sin()).to(x.dtype)
+
+
+def _positive_exponent(x, offset, theta):
+    """theta ** (+2i / d), computed in float32 as a learner does: the angles reach thousands of
+    radians, where float64 and float32 turn differently."""
+    length, d = x.shape[-2], x.shape[-1]
+    angles = torch.outer(torch.arange(offset, offset + length),
+                         theta ** (torch.arange(0, d, 2) / d))
+    angles = torch.cat([angles, angles], dim=-1)
+    first, second = x.chunk(2, dim=-1)
+    return x * angles.cos() + torch.cat([-second, first], dim=-1) * angles.sin()
+
+
 def _rope_cases() -> list[tuple]:
     generator = torch.Generator().manual_seed(140)
     # d = 4 or 8, never 2 (where both pairings are one pair); theta = 100 in case 3 so that
@@ -177,10 +210,7 @@ check_apply_rope = Checker(
                 x.shape[-2], x.shape[-1], offset, theta,
                 exponent=lambda d: torch.arange(d // 2, dtype=torch.float64))),
         "the exponent is negative, theta ** (-2i / d): the first pair turns fastest (1 radian "
-        "per position) and the later ones ever slower":
-            lambda x, offset, theta: _rotate_halves(x, _angles(
-                x.shape[-2], x.shape[-1], offset, theta,
-                exponent=lambda d: -torch.arange(0, d, 2, dtype=torch.float64))),
+        "per position) and the later ones ever slower": _positive_exponent,
         "each pair turns by an angle, and a rotation mixes the two dimensions: "
         "x * cos + rotate_half(x) * sin, not x * cos + x * sin":
             lambda x, offset, theta: (
@@ -188,8 +218,18 @@ check_apply_rope = Checker(
                                        dim=-1).cos()
                 + x.double() * torch.cat([_angles(x.shape[-2], x.shape[-1], offset, theta)] * 2,
                                          dim=-1).sin()).to(x.dtype),
+        "// is integer division: torch.arange(0, d, 2) // d is 0 for every pair, so all of "
+        "them turn at 1 radian per position; divide with /":
+            lambda x, offset, theta: _rotate_halves(x, _angles(
+                x.shape[-2], x.shape[-1], offset, theta,
+                exponent=lambda d: torch.zeros(d // 2, dtype=torch.float64))),
+        "dimensions i and i + d/2 form a pair and turn by the same angle: build d/2 "
+        "frequencies, theta ** (-torch.arange(0, d, 2) / d), and repeat them for the second "
+        "half, not d frequencies theta ** (-2j / d) for every dimension j":
+            lambda x, offset, theta: _rotate_each_dimension(x, offset, theta),
     },
     atol=1e-5,
+    match_every_case=True,
 )
 
 
@@ -224,7 +264,19 @@ check_expand_kv_heads = Checker(
         "not num_heads times": lambda kv, h: kv.repeat_interleave(h, dim=1),
         "expand to num_heads heads: each of the g KV heads is repeated for the "
         "num_heads // g query heads of its group": lambda kv, h: kv,
+        "g, the number of KV heads, is kv.shape[1]; kv.shape[0] is the batch: each KV head "
+        "is repeated num_heads // kv.shape[1] times":
+            lambda kv, h: kv.repeat_interleave(h // kv.shape[0], dim=1),
+        "repeat each KV head num_heads // g times, the size of its group, not g times":
+            lambda kv, h: kv.repeat_interleave(kv.shape[1], dim=1),
+        "num_heads / g is a float, and repeats must be whole: divide with //":
+            lambda kv, h: kv.repeat_interleave(h / kv.shape[1], dim=1),
+        "expand only stretches a dimension of size 1, so it works for one KV head but not "
+        "for g: repeat_interleave(num_heads // g, dim=1), or add a dimension of size 1 "
+        "after the heads, expand it, and reshape":
+            lambda kv, h: kv.expand(kv.shape[0], h, *kv.shape[2:]),
     },
+    match_every_case=True,
 )
 
 
@@ -272,5 +324,13 @@ check_swiglu = Checker(
             lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d,
         "the silu goes on the gate alone, before the product, not on the product":
             lambda x, g, u, d: F.silu((x @ g.T) * (x @ u.T)) @ d.T,
+        "* and @ have the same precedence and go from left to right: silu(...) * x @ "
+        "up_weight.T multiplies by x first; put brackets around (x @ up_weight.T)":
+            lambda x, g, u, d: (F.silu(x @ g.T) * x @ u.T) @ d.T,
+        "silu(z) = z * sigmoid(z) = z / (1 + exp(-z)): the exponent is -z":
+            lambda x, g, u, d: ((x @ g.T) / (1 + torch.exp(x @ g.T)) * (x @ u.T)) @ d.T,
+        "down_weight is in nn.Linear's layout too, (d, d_ff): end with @ down_weight.T":
+            lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d,
     },
+    match_every_case=True,
 )

@@ -13,7 +13,8 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
   ``2 (N - 1) / N * num_parameters * bytes_per_number``.
 * :data:`check_zero_bytes` -- ``my_zero_bytes_per_gpu(num_parameters, world_size, stage)``:
   the training memory of one GPU under ZeRO's stages 0-3 with mixed precision (2 bytes of
-  weights, 2 of gradients, 12 of optimizer state per parameter).
+  weights, 2 of gradients, 12 of optimizer state per parameter), as a tuple of its three parts
+  ``(weights, gradients, optimizer_state)``.
 * :data:`check_average_gradients` -- ``my_average_gradients(model, num_sequences)``: called on
   every rank after ``backward()`` on its own ``num_sequences`` sequences, leave on every rank the
   gradient of the mean loss over all ranks' sequences, shares equal or not. The checker starts
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import dis
 import itertools
 import os
 import subprocess
@@ -168,6 +170,14 @@ def _restore_mistakes() -> dict[str, Callable]:
     return mistakes
 
 
+#: Errors a learner's restore raises, each with its hint (matched by the error's message).
+def _whole_checkpoint_into(target: str) -> Callable:
+    def restore(model, optimizer, generator, checkpoint):
+        {"model": model, "optimizer": optimizer}[target].load_state_dict(checkpoint)
+        return _restore(model, optimizer, generator, checkpoint)
+    return restore
+
+
 def _restore_step_plus_one(model, optimizer, generator, checkpoint):
     return _restore(model, optimizer, generator, checkpoint) + 1
 
@@ -178,10 +188,70 @@ def _restore_swapped_rngs(model, optimizer, generator, checkpoint):
     return _restore(model, optimizer, generator, swapped)
 
 
+def _restored_parts(restore: Callable) -> str | None:
+    """Which parts ``restore`` leaves unlike the checkpoint, read from the objects right after
+    it returns (so that any way of getting a part wrong, a new seed too, is named): the hint
+    of :func:`_restore_mistakes` for them, or ``None``."""
+    with torch.random.fork_rng():
+        data = _data(0)
+        model, optimizer, generator = _program(0)
+        model.train()
+        for step in range(3):
+            _train_step(model, optimizer, generator, data, step)
+        checkpoint = {"model": copy.deepcopy(model.state_dict()),
+                      "optimizer": copy.deepcopy(optimizer.state_dict()),
+                      "torch_rng": torch.get_rng_state(), "data_rng": generator.get_state(),
+                      "step": 3}
+        saved = copy.deepcopy(checkpoint)
+        model, optimizer, generator = _program(0)
+        model.train()
+        try:
+            step = restore(model, optimizer, generator, checkpoint)
+        except Exception:
+            return None
+        torch_state, data_state = torch.get_rng_state(), generator.get_state()
+    wrong = []
+    if not _same_state(model.state_dict(), saved["model"]):
+        wrong.append("model")
+    if not _same_state(optimizer.state_dict(), saved["optimizer"]):
+        wrong.append("optimizer")
+    swapped = torch.equal(torch_state, saved["data_rng"]) and torch.equal(
+        data_state, saved["torch_rng"])
+    if not torch.equal(torch_state, saved["torch_rng"]) and not swapped:
+        wrong.append("torch_rng")
+    if not torch.equal(data_state, saved["data_rng"]) and not swapped:
+        wrong.append("data_rng")
+    hints = list(_restore_mistakes())
+    if wrong:
+        return "; and ".join(_PART_HINTS[part] for part in wrong)
+    if swapped:
+        return hints[-1]
+    if step is None:
+        return hints[-3]
+    if step == 0:
+        return hints[-4]
+    if step == 4:
+        return hints[-2]
+    return None
+
+
+def _same_state(one, other) -> bool:
+    """Two state dicts (nested dicts and lists of tensors and numbers) hold equal values."""
+    if isinstance(one, Tensor) or isinstance(other, Tensor):
+        return isinstance(one, Tensor) and isinstance(other, Tensor) and one.shape == \
+            other.shape and torch.equal(one, other)
+    if isinstance(one, dict) and isinstance(other, dict):
+        return one.keys() == other.keys() and all(_same_state(one[k], other[k]) for k in one)
+    if isinstance(one, (list, tuple)) and isinstance(other, (list, tuple)):
+        return len(one) == len(other) and all(map(_same_state, one, other))
+    return one == other
+
+
 class _ResumeChecker(Checker):
     """A :class:`Checker` of restore functions: each function (the learner's, the reference,
     every listed mistake) is run inside the same train-stop-restore-train program, and the
-    final weights are compared exactly."""
+    final weights are compared exactly. A wrong answer that no listed mistake matches on
+    every case is named by the parts it leaves unlike the checkpoint."""
 
     def run(self, function: Callable) -> Verdict:
         if not callable(function):
@@ -189,14 +259,25 @@ class _ResumeChecker(Checker):
         inner = Checker(reference=_resumed_weights(self.reference), cases=self.cases,
                         mistakes={hint: _resumed_weights(wrong)
                                   for hint, wrong in self.mistakes.items()},
-                        atol=0.0, rtol=0.0)
-        return inner.run(_resumed_weights(function))
+                        atol=0.0, rtol=0.0, match_every_case=True)
+        verdict = inner.run(_resumed_weights(function))
+        verdict.message = " ".join(verdict.message.split())     # load_state_dict's errors
+        if verdict or "Hint: " in verdict.message or verdict.message.endswith(" yet"):
+            return verdict
+        hint = _restored_parts(function)
+        return verdict if hint is None else Verdict(False, f"{verdict.message}. Hint: {hint}")
 
 
 check_restore = _ResumeChecker(
     reference=_restore,
     cases=[(0, 3, 4), (1, 5, 2), (2, 1, 6)],
-    mistakes=_restore_mistakes(),
+    mistakes={
+        **_restore_mistakes(),
+        "the checkpoint holds five things: give model.load_state_dict the weights' part, "
+        "checkpoint['model']": _whole_checkpoint_into("model"),
+        "the checkpoint holds five things: give optimizer.load_state_dict the optimizer's "
+        "part, checkpoint['optimizer']": _whole_checkpoint_into("optimizer"),
+    },
     atol=0.0,
     rtol=0.0,
 )
@@ -221,7 +302,7 @@ check_ring_bytes = Checker(
         "the answer is in bytes: multiply the count of numbers by bytes_per_number":
             lambda p, n, b: 2 * (n - 1) / n * p,
         "each chunk is 1/N of the numbers: (N - 1) chunks make (N - 1)/N of them, divide "
-        "by N":
+        "by N (2 (N - 1) whole gradients is what all N processes send together)":
             lambda p, n, b: 2 * (n - 1) * p * b,
         "mind the brackets: n - 1 / n is n - (1/n); write (n - 1) / n":
             lambda p, n, b: 2 * (n - 1 / n) * p * b,
@@ -230,20 +311,44 @@ check_ring_bytes = Checker(
         "(n - 1) // n is integer division, always 0 for n > 1: divide with / (or multiply "
         "first, 2 * (n - 1) * p * b / n)":
             lambda p, n, b: 2 * (n - 1) // n * p * b,
+        "(N - 1)/N is already each process's share: (N - 1) chunks of 1/N; do not divide by "
+        "N again":
+            lambda p, n, b: 2 * (1 - 1 / n) / n * p * b,
+        "the share is (N - 1)/N, below 1, not N/(N - 1): each process sends N - 1 of the N "
+        "chunks":
+            lambda p, n, b: 2 * n / (n - 1) * p * b,
+        "count what one process sends; what it receives is as much again, and not part of "
+        "the answer":
+            lambda p, n, b: 4 * (n - 1) / n * p * b,
+        "sending the whole gradient to each of the N - 1 others is the naive all-reduce; the "
+        "ring sends N - 1 chunks of 1/N in each of its two passes":
+            lambda p, n, b: (n - 1) * p * b,
+        "use bytes_per_number, not 4: a 16-bit number is 2 bytes":
+            lambda p, n, b: 2 * (n - 1) / n * p * 4,
+        "the answer is in bytes, not megabytes: no division by 1e6":
+            lambda p, n, b: 2 * (n - 1) / n * p * b / 1e6,
+        "the answer is in bytes, not MiB: no division by 2**20":
+            lambda p, n, b: 2 * (n - 1) / n * p * b / 2 ** 20,
     },
+    match_every_case=True,
 )
 
 
 # --- my_zero_bytes_per_gpu(num_parameters, world_size, stage) ------------------------------------
 
+_PARTS = ("weights", "gradients", "optimizer")
+
+
 def _zero_bytes(num_parameters: int, world_size: int, stage: int, *, weights: int = 2,
-                gradients: int = 2, optimizer: int = 12, shard: tuple = ()) -> float:
-    """Bytes on one GPU: each kind of state is divided by world_size from its stage on."""
+                gradients: int = 2, optimizer: int = 12,
+                shard: tuple = ()) -> tuple[float, float, float]:
+    """Bytes on one GPU of the weights, the gradients and the optimizer state: each part is
+    divided by world_size from its stage on (``shard``: the parts divided instead)."""
     shard = shard or ("optimizer",) * (stage >= 1) + ("gradients",) * (stage >= 2) + (
         "weights",) * (stage >= 3)
     sizes = {"weights": weights, "gradients": gradients, "optimizer": optimizer}
-    return float(sum(num_parameters * size / (world_size if kind in shard else 1)
-                     for kind, size in sizes.items()))
+    return tuple(float(num_parameters * sizes[kind] / (world_size if kind in shard else 1))
+                 for kind in _PARTS)
 
 
 def _zero_mistake(**changes) -> Callable:
@@ -254,29 +359,63 @@ def _zero_shards(table: dict[int, tuple]) -> Callable:
     return lambda p, n, s: _zero_bytes(p, n, s, shard=table[s] or ("none",))
 
 
-check_zero_bytes = Checker(
+def _as_floats(answer):
+    """Three whole or fractional numbers, as floats: 2 * p and 2.0 * p are the same answer."""
+    if isinstance(answer, (tuple, list)) and len(answer) == 3 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in answer):
+        return tuple(float(v) for v in answer)
+    return answer
+
+
+class _PartsChecker(Checker):
+    """A :class:`Checker` that takes a tuple (or list) of ints as the same floats."""
+
+    def run(self, function: Callable) -> Verdict:
+        if not callable(function):
+            return super().run(function)
+
+        def answer(*args):
+            return _as_floats(function(*args))
+        return super().run(answer)
+
+
+_ALL = ("optimizer", "gradients", "weights")
+
+check_zero_bytes = _PartsChecker(
     reference=lambda num_parameters, world_size, stage: _zero_bytes(num_parameters,
                                                                      world_size, stage),
     cases=[(1000, 4, 1), (1000, 4, 2), (1000, 4, 3), (1000, 4, 0),
            (8_030_261_248, 8, 1), (124_439_808, 64, 3)],
     mistakes={
+        "return the three parts, a tuple (weights, gradients, optimizer_state), not their "
+        "sum: stages 1 to 3 differ in which part they divide":
+            lambda p, n, s: sum(_zero_bytes(p, n, s)),
+        "the parts come in the order weights, gradients, optimizer state":
+            lambda p, n, s: _zero_bytes(p, n, s)[::-1],
+        "multiply by num_parameters: the answer is the bytes of the whole model's state on "
+        "one GPU, not per parameter":
+            lambda p, n, s: _zero_bytes(1, n, s),
         "Adam's state in mixed precision is 12 bytes a parameter: a float32 master copy of the "
         "weights (4) as well as the two moments (4 + 4)":
             _zero_mistake(optimizer=8),
+        "the float32 master copy of the weights is optimizer state, sharded from stage 1 with "
+        "the moments (4 + 4 + 4 = 12 bytes); the weights part is the 16-bit weights, 2 bytes":
+            _zero_mistake(weights=6, optimizer=8),
         "the weights and gradients are float16 (2 bytes each) in mixed precision; only the "
         "optimizer's 12 bytes are float32":
             _zero_mistake(weights=4, gradients=4),
         "stage 1 shards the optimizer state only; the gradients are split from stage 2 on":
             _zero_shards({0: (), 1: ("optimizer", "gradients"), 2: ("optimizer", "gradients"),
-                          3: ("optimizer", "gradients", "weights")}),
+                          3: _ALL}),
         "stage 1 shards the optimizer state: 12 bytes a parameter divided by world_size, the "
         "weights and gradients kept whole":
-            _zero_shards({0: (), 1: (), 2: ("optimizer", "gradients"),
-                          3: ("optimizer", "gradients", "weights")}),
+            _zero_shards({0: (), 1: (), 2: ("optimizer", "gradients"), 3: _ALL}),
         "stage 2 shards the gradients as well as the optimizer state; only the weights stay "
         "whole":
-            _zero_shards({0: (), 1: ("optimizer",), 2: ("optimizer",),
-                          3: ("optimizer", "gradients", "weights")}),
+            _zero_shards({0: (), 1: ("optimizer",), 2: ("optimizer",), 3: _ALL}),
+        "stage 2 shards the gradients, not the weights: each GPU keeps all the 16-bit weights "
+        "for its forward and backward until stage 3":
+            _zero_shards({0: (), 1: ("optimizer",), 2: ("optimizer", "weights"), 3: _ALL}),
         "stage 3 shards everything, the weights too: 16 bytes a parameter divided by "
         "world_size":
             _zero_shards({0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"),
@@ -286,7 +425,7 @@ check_zero_bytes = Checker(
             _zero_mistake(weights=4, gradients=4, optimizer=8),
         "the stages differ in what they shard: stage 1 divides only the optimizer's 12 bytes "
         "by world_size, stage 2 also the gradients' 2, stage 3 also the weights' 2":
-            lambda p, n, s: 16 * p / (n if s >= 1 else 1),
+            _zero_shards({0: (), 1: _ALL, 2: _ALL, 3: _ALL}),
         "the stages add up: stage 3 shards the weights as well as everything stage 2 shards "
         "(optimizer state and gradients)":
             _zero_shards({0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"),
@@ -295,12 +434,12 @@ check_zero_bytes = Checker(
         "stages shard (stage 2: optimizer and gradients; stage 3: all three)":
             _zero_shards({0: (), 1: ("optimizer",), 2: ("gradients",), 3: ("weights",)}),
         "the answer is in bytes, not gigabytes: no division by 1e9":
-            lambda p, n, s: _zero_bytes(p, n, s) / 1e9,
+            lambda p, n, s: tuple(v / 1e9 for v in _zero_bytes(p, n, s)),
         "stage 0 is plain data parallelism: every GPU holds all 16 bytes a parameter":
             _zero_shards({0: ("optimizer",), 1: ("optimizer",),
-                          2: ("optimizer", "gradients"),
-                          3: ("optimizer", "gradients", "weights")}),
+                          2: ("optimizer", "gradients"), 3: _ALL}),
     },
+    match_every_case=True,
 )
 
 
@@ -347,37 +486,60 @@ def _leave_with(parent: int, seconds: float) -> None:
 
 
 def _rank_main(folder: str, rank: int, parent: int) -> None:
-    """One rank of the checker's gloo group (run as ``python -c``): for each case, the local
-    backward, the learner's function, and what it leaves, saved to ``folder/rank<rank>.pt`` as
-    ``["grads", [tensor or "None", ...]]`` per case, or ``["error", name, message]``."""
+    """One rank of the checker's gloo group (run as ``python -c``): for each function sent, for
+    each case, the local backward, the function, and what it leaves, saved to
+    ``folder/rank<rank>.pt`` after every case as one list per function of
+    ``["grads", [tensor or "None", ...], [weight, ...]]`` per case, or
+    ``["error", name, message]``. The file is written after each case, so that a rank that
+    gloo aborts (a collective whose sizes differ between the ranks) leaves what it finished."""
     _leave_with(parent, _LAUNCH + 10)
     torch.set_num_threads(1)
-    function = cloudpickle.loads(Path(folder, "function.pkl").read_bytes())
+    functions = cloudpickle.loads(Path(folder, "function.pkl").read_bytes())
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
                             world_size=2, timeout=datetime.timedelta(seconds=_WAIT))
-    results = []
+    results: list[list] = []
+    path = Path(folder, f"rank{rank}.pt")
+    torch.save(results, path)
     try:
-        for shares in _SHARES:
-            model, x, y = _problem()
-            rows = slice(sum(shares[:rank]), sum(shares[:rank + 1]))
-            ((model(x[rows]) - y[rows]) ** 2).mean().backward()
-            try:
-                function(model, shares[rank])
-            except Exception as error:              # the learner's bug, reported
-                results.append(["error", type(error).__name__, " ".join(str(error).split())])
-                break
-            results.append(["grads", [p.grad.detach().clone() if p.grad is not None else "None"
-                                      for p in model.parameters()]])
+        for function in functions:
+            done: list = []
+            results.append(done)
+            for shares in _SHARES:
+                model, x, y = _problem()
+                rows = slice(sum(shares[:rank]), sum(shares[:rank + 1]))
+                ((model(x[rows]) - y[rows]) ** 2).mean().backward()
+                try:
+                    function(model, shares[rank])
+                except Exception as error:              # the learner's bug, reported
+                    done.append(["error", type(error).__name__, " ".join(str(error).split())])
+                    break
+                done.append(["grads", [p.grad.detach().clone() if p.grad is not None
+                                       else "None" for p in model.parameters()],
+                             [p.detach().clone() for p in model.parameters()]])
+                torch.save(results, path)
     finally:
-        torch.save(results, Path(folder, f"rank{rank}.pt"))
+        torch.save(results, path)
         dist.destroy_process_group()
 
 
-def _run_on_two_ranks(function: Callable) -> list[list] | str:
-    """Run ``function`` on a fresh two-process gloo group: per rank, per case, what
-    :func:`_rank_main` saved; or why the launch failed, in words."""
+def _is_stub(function: Callable) -> bool:
+    """The exercise's untouched stub: a body that only raises NotImplementedError (comments
+    leave no trace in the code), recognised without starting any process."""
+    code = getattr(function, "__code__", None)
+    if code is None or set(code.co_names) != {"NotImplementedError"}:
+        return False
+    names = {instruction.opname for instruction in dis.get_instructions(code)}
+    return "RAISE_VARARGS" in names and names <= {
+        "RESUME", "NOP", "CACHE", "LOAD_GLOBAL", "LOAD_CONST", "PUSH_NULL", "PRECALL", "CALL",
+        "CALL_FUNCTION", "RAISE_VARARGS", "RETURN_VALUE", "RETURN_CONST", "EXTENDED_ARG"}
+
+
+def _run_on_two_ranks(functions: list[Callable]) -> list[list] | str:
+    """Run each function in turn on one fresh two-process gloo group: per rank, per function,
+    per case, what :func:`_rank_main` saved; or why the launch failed, in words. (The checker
+    sends one function; tests send several that make matching collectives.)"""
     try:
-        payload = cloudpickle.dumps(function)
+        payload = cloudpickle.dumps(list(functions))
     except Exception as error:
         return (f"your function cannot be sent to the two processes ({type(error).__name__}: "
                 f"{' '.join(str(error).split())}): keep it to torch and dist, without open "
@@ -393,7 +555,7 @@ def _run_on_two_ranks(function: Callable) -> list[list] | str:
                                    str(os.getpid())], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True)
                  for rank in (0, 1)]
-        end = time.monotonic() + _LAUNCH
+        end = time.monotonic() + _LAUNCH * len(functions)
         try:
             errors = [rank.communicate(timeout=max(end - time.monotonic(), 0.1))[1]
                       for rank in ranks]
@@ -450,6 +612,43 @@ def _reduced_the_weights(model: nn.Module, num_sequences: int) -> None:
         p.grad /= total
 
 
+def _averaged_and_the_weights_reduced(model: nn.Module, num_sequences: int) -> None:
+    _average_gradients(model, num_sequences)
+    for p in model.parameters():
+        dist.all_reduce(p.data)
+
+
+def _scaled_after_the_sum(model: nn.Module, num_sequences: int) -> None:
+    total = torch.tensor(float(num_sequences))
+    dist.all_reduce(total)
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad *= num_sequences / total
+
+
+def _scaled_and_reduced_a_copy(model: nn.Module, num_sequences: int) -> None:
+    total = torch.tensor(float(num_sequences))
+    dist.all_reduce(total)
+    for p in model.parameters():
+        p.grad *= num_sequences
+        dist.all_reduce(p.grad.clone())
+        p.grad /= total
+
+
+def _broadcast(model: nn.Module, num_sequences: int) -> None:
+    for p in model.parameters():
+        dist.broadcast(p.grad, src=0)
+
+
+def _reduced_to_rank_0(model: nn.Module, num_sequences: int) -> None:
+    total = torch.tensor(float(num_sequences))
+    dist.all_reduce(total)
+    for p in model.parameters():
+        p.grad *= num_sequences
+        dist.reduce(p.grad, dst=0)
+        p.grad /= total
+
+
 def _means_over_the_total(model: nn.Module, num_sequences: int) -> None:
     total = torch.tensor(float(num_sequences))
     dist.all_reduce(total)
@@ -469,7 +668,8 @@ def _weighted_by(divisor: Callable[[int], float]) -> Callable:
 
 
 #: Each mistake, and what it leaves on rank r from the ranks' own gradients g = (g0, g1) and the
-#: shares n = (n0, n1): the checker matches the learner's gradients against these.
+#: shares n = (n0, n1), and (a third item, True) where it doubles the weights: the checker
+#: matches the learner's gradients and weights against these.
 _AVERAGING_MISTAKES = {
     "with unequal shares the mean of the ranks' means is not the mean over all sequences: "
     "multiply each rank's gradient by its num_sequences, all_reduce, and divide by the total "
@@ -484,7 +684,24 @@ _AVERAGING_MISTAKES = {
         (_reduced_a_copy, lambda g, n, r: g[r]),
     "the gradients were scaled but never added across the ranks: all_reduce p.grad (p.data "
     "holds the weights)":
-        (_reduced_the_weights, lambda g, n, r: g[r] * n[r] / (n[0] + n[1])),
+        (_reduced_the_weights, lambda g, n, r: g[r] * n[r] / (n[0] + n[1]), True),
+    "the gradients are right, but all_reduce also added the ranks' weights (p.data), so "
+    "every weight doubled: reduce p.grad only, and leave the weights to the optimizer":
+        (_averaged_and_the_weights_reduced,
+         lambda g, n, r: (n[0] * g[0] + n[1] * g[1]) / (n[0] + n[1]), True),
+    "each rank's gradient was scaled but never added across the ranks: all_reduce adds in "
+    "place, into the tensor it is given, so give it p.grad itself, not a copy":
+        (_scaled_and_reduced_a_copy, lambda g, n, r: g[r] * n[r] / (n[0] + n[1])),
+    "scale before the all_reduce: afterwards every rank holds the same sum, and multiplying "
+    "it by this rank's num_sequences weights the sum, not this rank's gradient":
+        (_scaled_after_the_sum, lambda g, n, r: (g[0] + g[1]) * n[r] / (n[0] + n[1])),
+    "dist.broadcast copies rank 0's tensor to every rank, so rank 1's sequences are lost: "
+    "dist.all_reduce adds the ranks' tensors":
+        (_broadcast, lambda g, n, r: g[0]),
+    "dist.reduce leaves the sum on one rank (dst) only, and the other rank keeps its own "
+    "gradient: dist.all_reduce leaves the sum on every rank":
+        (_reduced_to_rank_0,
+         lambda g, n, r: (n[0] * g[0] + n[1] * g[1]) / (n[0] + n[1]) if r == 0 else None),
     "backward() left each rank the mean over its own sequences: multiply it by num_sequences "
     "to get their sum before adding the ranks' gradients and dividing by the total":
         (_means_over_the_total, lambda g, n, r: (g[0] + g[1]) / (n[0] + n[1])),
@@ -525,9 +742,26 @@ class _TwoRankChecker(Checker):
     def run(self, function: Callable) -> Verdict:
         if not callable(function):
             return super().run(function)
-        found = _run_on_two_ranks(function)
+        if _is_stub(function):                      # no need to start two processes
+            return Verdict(False, f"{FAIL} not implemented yet")
+        found = _run_on_two_ranks([function])
         if isinstance(found, str):
             return Verdict(False, f"{FAIL} {found}")
+        return self._verdict([rank[0] if rank else [] for rank in found])
+
+    def run_many(self, functions: list[Callable]) -> list[Verdict]:
+        """:meth:`run` for several functions on one two-process launch (for tests): each must
+        make the same collective calls on both ranks and not raise, or the next ones are
+        judged on a broken group."""
+        found = _run_on_two_ranks(functions)
+        if isinstance(found, str):
+            return [Verdict(False, f"{FAIL} {found}")] * len(functions)
+        return [self._verdict([rank[i] if len(rank) > i else [] for rank in found])
+                for i in range(len(functions))]
+
+    def _verdict(self, found: list[list]) -> Verdict:
+        """The verdict on what one function left on the two ranks, case by case."""
+        weights = [p.detach() for p in _problem()[0].parameters()]
         for number, shares in enumerate(self.cases, start=1):
             where = (f"case {number}: for input (model, num_sequences) with shares {shares} "
                      f"on ranks 0 and 1")
@@ -535,14 +769,19 @@ class _TwoRankChecker(Checker):
             if problem is not None:
                 return Verdict(False, problem)
             whole = _gradients(slice(0, sum(shares)))
-            for rank in (0, 1):
-                got = found[rank][number - 1][1]
-                if not _same(got, whole):
-                    name, gap = max(((name, _gap(a, b)) for name, a, b in zip(_NAMES, got, whole)),
+            for rank, what, wanted in [(0, "gradients", whole), (1, "gradients", whole),
+                                       (0, "weights", weights), (1, "weights", weights)]:
+                got = found[rank][number - 1][1 if what == "gradients" else 2]
+                if not _same(got, wanted):
+                    name, gap = max(((name, _gap(a, b)) for name, a, b in zip(_NAMES, got,
+                                                                             wanted)),
                                     key=lambda item: item[1])
                     message = (f"{FAIL} {where}, rank {rank}'s gradients are not the gradient "
                                f"of the mean loss over all {sum(shares)} sequences ({name} "
-                               f"differs by up to {gap:.1e})")
+                               f"differs by up to {gap:.1e})") if what == "gradients" else (
+                        f"{FAIL} {where}, your function changed rank {rank}'s weights "
+                        f"({name} differs from before by up to {gap:.1e}): it must change "
+                        f"only the gradients")
                     hint = self._hint(found)
                     return Verdict(False, f"{message}. Hint: {hint}" if hint else message)
         return Verdict(True, f"{PASS} all {len(self.cases)} checks passed")
@@ -563,9 +802,12 @@ class _TwoRankChecker(Checker):
             if name == "TypeError" and "Expected parameter `tensor`" in message:
                 text += f". Hint: {_NOT_A_TENSOR_HINT}"
             return text
-        if errors or len(got) < 2:
-            rank = errors[0][0] if errors else min(got, default=0)
-            return (f"{FAIL} {where}, rank {rank} waited in vain for the other rank. "
+        stopped = [rank for rank in (0, 1) if rank not in got]
+        if stopped:                 # gloo ended the process: the ranks' tensors differed
+            return (f"{FAIL} {where}, rank {stopped[0]} was stopped inside a collective call "
+                    f"that the other rank did not match. Hint: {_UNMATCHED_HINT}")
+        if errors:
+            return (f"{FAIL} {where}, rank {errors[0][0]} waited in vain for the other rank. "
                     f"Hint: {_UNMATCHED_HINT}")
         for rank in (0, 1):
             for name, grad in zip(_NAMES, got[rank][1]):
@@ -580,9 +822,12 @@ class _TwoRankChecker(Checker):
         done = [(shares, local, number) for number, (shares, local) in enumerate(self._locals())
                 if all(len(found[r]) > number and found[r][number][0] == "grads"
                        for r in (0, 1))]
-        for hint, (_, left) in _AVERAGING_MISTAKES.items():
-            if all(_same(found[rank][number][1],
-                         [left(pair, shares, rank) for pair in zip(*local)])
+        weights = [p.detach() for p in _problem()[0].parameters()]
+        for hint, (_, left, *doubled) in _AVERAGING_MISTAKES.items():
+            kept = [w * (2 if doubled else 1) for w in weights]
+            if all(_left_alike(found[rank][number][1],
+                               [left(pair, shares, rank) for pair in zip(*local)])
+                   and _same(found[rank][number][2], kept)
                    for shares, local, number in done for rank in (0, 1)):
                 return hint
         return None
@@ -591,6 +836,12 @@ class _TwoRankChecker(Checker):
         """Each case's shares and the two ranks' own gradients before any averaging."""
         return [(shares, [_gradients(slice(sum(shares[:r]), sum(shares[:r + 1])))
                           for r in (0, 1)]) for shares in self.cases]
+
+
+def _left_alike(got: list, expected: list) -> bool:
+    """:func:`_same`, where ``None`` in ``expected`` (what gloo leaves on a rank that is not
+    dist.reduce's destination) matches anything."""
+    return any(e is None for e in expected) or _same(got, expected)
 
 
 def _gap(got: Tensor, expected: Tensor) -> float:
@@ -611,5 +862,5 @@ def _same(got: list, expected: list[Tensor]) -> bool:
 check_average_gradients = _TwoRankChecker(
     reference=_average_gradients,
     cases=_SHARES,
-    mistakes={hint: function for hint, (function, _) in _AVERAGING_MISTAKES.items()},
+    mistakes={hint: function for hint, (function, *_) in _AVERAGING_MISTAKES.items()},
 )

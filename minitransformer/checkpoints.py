@@ -3,10 +3,11 @@
 A run's directory, written by the command line (:mod:`minitransformer.cli.train`)::
 
     DIR/config.json, model.safetensors        the latest weights, as GPT-2's files (chapter 13)
-    DIR/vocab.json, merges.txt, tokenizer_config.json     the tokenizer (chapter 12)
+    DIR/vocab.json, merges.txt, tokenizer.json, tokenizer_config.json   the tokenizer (ch. 12)
     DIR/trainer_state.json                    {"step": k, "world_size": n, "checkpoint": "ckpt-k"}
     DIR/ckpt-k/                               everything that decides the rest of the run:
-        config.json, model.safetensors, vocab.json, merges.txt, tokenizer_config.json
+        config.json, model.safetensors, vocab.json, merges.txt, tokenizer.json,
+        tokenizer_config.json
         training_state.safetensors            optimizer moments, RNG states (tensors)
         training_state.json                   step, running loss, history, the run's flags
 
@@ -36,8 +37,8 @@ STATE_FILE = "trainer_state.json"
 TENSORS_FILE = "training_state.safetensors"
 JSON_FILE = "training_state.json"
 #: The top-level files refreshed after each checkpoint, the weights last.
-TOP_LEVEL = ("config.json", "vocab.json", "merges.txt", "tokenizer_config.json",
-             "model.safetensors")
+TOP_LEVEL = ("config.json", "vocab.json", "merges.txt", "tokenizer.json",
+             "tokenizer_config.json", "model.safetensors")
 _NAME = re.compile(r"ckpt-(\d+)")
 _CHECKPOINT = re.compile(r"ckpt(\.tmp)?-\d+")
 

@@ -13,7 +13,7 @@ from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.cache import KVCache
 from minitransformer.classifier import EncoderClassifier
 from minitransformer.device import default_device
-from minitransformer.functional import cross_entropy, layer_norm, rms_norm, softmax
+from minitransformer.functional import layer_norm, rms_norm, softmax
 from minitransformer.generation import beam_search, generate, sample_next
 from minitransformer.gpt import GPT, GPTConfig
 from minitransformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm
@@ -21,7 +21,6 @@ from minitransformer.layers import RMSNorm, SwiGLU
 from minitransformer.llama import GroupedQueryAttention, Llama, LlamaConfig, expand_kv_heads
 from minitransformer.markov import SkipModel, second_order_matrix, transition_matrix, walk_chain
 from minitransformer.masks import causal_mask, padding_mask
-from minitransformer.optim import AdamW, clip_grad_norm
 from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.rotary import apply_rotary, rotary_angles, rotate_half
 from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig, exact_match
@@ -68,10 +67,6 @@ __all__ = [
     "train",
     "transition_matrix",
     "walk_chain",
-    # chapter 9's training pieces, from their equations
-    "AdamW",
-    "clip_grad_norm",
-    "cross_entropy",
     # chapter 14
     "GroupedQueryAttention",
     "Llama",

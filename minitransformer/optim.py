@@ -81,7 +81,7 @@ class AdamW(torch.optim.Optimizer):
         lr, (beta1, beta2) = group["lr"], group["betas"]
         state = self.state[w]
         if not state:
-            state["step"] = torch.tensor(0.0)
+            state["step"] = torch.tensor(0.0, device="cpu")    # as PyTorch's, on the CPU
             state["exp_avg"] = torch.zeros_like(w)
             state["exp_avg_sq"] = torch.zeros_like(w)
         state["step"] += 1
@@ -123,7 +123,7 @@ def clip_grad_norm(parameters: Tensor | Iterable[Tensor], max_norm: float) -> Te
             raise TypeError(f"parameters must hold tensors, got {_type_name(p)}")
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
-        return torch.tensor(0.0)
+        return torch.tensor(0.0, device=parameters[0].device if parameters else "cpu")
     device = grads[0].device
     norms = torch.stack([torch.linalg.vector_norm(g).to(device) for g in grads])
     total = torch.linalg.vector_norm(norms)                 # sqrt(sum_i ||g_i||^2)

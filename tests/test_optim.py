@@ -192,3 +192,21 @@ def test_clip_grad_norm_refuses_a_nonfinite_norm_and_leaves_the_gradients():
     with pytest.raises(ValueError, match="global norm is inf"):
         clip_grad_norm([w], 1.0)
     assert w.grad[1].item() == 1.0
+
+
+def test_nothing_is_created_on_the_default_device():
+    w = nn.Parameter(torch.ones(2, device="cpu"))
+    w.grad = torch.ones(2, device="cpu")
+    bare = nn.Parameter(torch.ones(1, device="cpu"))
+    previous = torch.get_default_device()
+    torch.set_default_device("meta")
+    try:
+        optimizer = AdamW([w])
+        optimizer.step()
+        no_gradient_norm = clip_grad_norm([bare], 1.0)
+        norm = clip_grad_norm([w], 1.0)
+    finally:
+        torch.set_default_device(previous)
+    assert optimizer.state[w]["step"].device.type == "cpu"
+    assert no_gradient_norm.device.type == "cpu" and norm.device.type == "cpu"
+    assert w.device.type == "cpu" and torch.isfinite(w).all()

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-import minitransformer as mt
+from minitransformer.functional import cross_entropy
+from minitransformer.optim import AdamW, clip_grad_norm
 
 WRONG = [None, "x", -1, 0, 2.5, True, [], [[]], [[-1]], {}, torch.tensor([]),
          torch.zeros(0, 0), torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.long),
@@ -24,15 +25,15 @@ def _params():
 
 
 def _adamw_step(params, **options):
-    mt.AdamW(params, **options).step()
+    AdamW(params, **options).step()
 
 
 CALLS = {
-    "cross_entropy": (mt.cross_entropy, (torch.randn(2, 3, 5), torch.randint(5, (2, 3))),
+    "cross_entropy": (cross_entropy, (torch.randn(2, 3, 5), torch.randint(5, (2, 3))),
                       {"ignore_index": -100, "label_smoothing": 0.1}),
     "AdamW": (_adamw_step, (_params(),), {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8,
                                           "weight_decay": 0.1}),
-    "clip_grad_norm": (mt.clip_grad_norm, (_params(), 1.0), {}),
+    "clip_grad_norm": (clip_grad_norm, (_params(), 1.0), {}),
 }
 
 

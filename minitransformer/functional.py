@@ -1,5 +1,5 @@
 """Functions on tensors, written as their equations: softmax (chapter 5), layer norm
-(chapter 8) and RMS norm (chapter 14).
+(chapter 8), the cross-entropy loss (chapter 9) and RMS norm (chapter 14).
 
 Attention (chapters 6-7) and sampling (chapter 5) both turn scores into probabilities; they import
 :func:`softmax` from here, so neither depends on the other. :func:`layer_norm` is chapter 8's
@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from minitransformer._checks import (check_float_tensor, check_number, check_same_dtype,
-                                     check_scores)
+from minitransformer._checks import (ID_DTYPES, check_float_tensor, check_int,
+                                     check_int_tensor, check_number, check_same_dtype,
+                                     check_scores, shape)
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
@@ -96,6 +97,75 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     check_number("eps", eps, positive=True)
     mean_square = x.pow(2).mean(dim=-1, keepdim=True)       # (..., 1)
     return x / torch.sqrt(mean_square + eps) * weight
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, *, ignore_index: int = -100,
+                  label_smoothing: float = 0.0) -> Tensor:
+    """The mean cross-entropy of ``logits`` against ``targets``, written as its equation
+    (chapter 9), with the options of ``F.cross_entropy``, which it equals.
+
+    At each position the target distribution ``q`` puts ``1 - label_smoothing`` on the target
+    and spreads ``label_smoothing`` evenly over all ``N`` tokens (Szegedy et al., 2016); the
+    loss is ``-sum_j q_j log p_j = logsumexp(z) - sum_j q_j z_j`` for the scores ``z``. The
+    log-sum-exp subtracts the largest score before ``exp``, so large scores do not overflow.
+    Positions whose target is ``ignore_index`` are left out of the mean. The models' ``forward``
+    calls ``F.cross_entropy``, one fused kernel for the same numbers.
+
+    Args:
+        logits: ``(..., N)``, the scores of the ``N`` tokens at each position.
+        targets: ``(...)``, int64 or int32 ids in ``[0, N)``, or ``ignore_index``.
+        ignore_index: the target that means "no target here".
+        label_smoothing: in ``[0, 1]``; 0 is the plain cross-entropy.
+
+    Raises:
+        TypeError: logits not floating-point, targets not int64/int32 ids, an option of the
+            wrong type.
+        ValueError: shapes that do not match, an id outside ``[0, N)``, every target ignored
+            (no position to average over), NaN or ``+inf`` logits, a position whose scores are
+            all ``-inf``, ``label_smoothing`` outside ``[0, 1]``.
+    """
+    _check_cross_entropy(logits, targets, ignore_index, label_smoothing)
+    largest = logits.detach().amax(dim=-1, keepdim=True)                    # (..., 1)
+    log_z = (largest + torch.log(torch.exp(logits - largest).sum(-1, keepdim=True)))[..., 0]
+    kept = targets != ignore_index                                          # (...)
+    safe = torch.where(kept, targets, 0).long()                             # any id in range
+    target_score = logits.gather(-1, safe[..., None])[..., 0]               # z_target, (...)
+    expected_score = (1 - label_smoothing) * target_score                   # sum_j q_j z_j
+    if label_smoothing:
+        expected_score = expected_score + label_smoothing * logits.mean(dim=-1)
+    return (log_z - expected_score)[kept].mean()
+
+
+def _check_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int,
+                         label_smoothing: float) -> None:
+    check_float_tensor("logits", logits, min_ndim=1)
+    check_int_tensor("targets", targets)
+    if targets.dtype not in ID_DTYPES:
+        raise TypeError(f"targets must hold int64 or int32 ids, got dtype {targets.dtype}: "
+                        f"convert it with targets.long()")
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets must have the shape of logits without its last dimension, "
+                         f"{shape(logits)[:-1]}, got {shape(targets)}")
+    check_int("ignore_index", ignore_index, low=-2**63)
+    check_number("label_smoothing", label_smoothing, low=0.0)
+    if label_smoothing > 1:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    n = logits.shape[-1]
+    if n == 0:
+        raise ValueError(f"logits has no token to score: shape {shape(logits)}")
+    ids = targets[targets != ignore_index]
+    if ids.numel() == 0:
+        raise ValueError(f"every target is ignore_index={ignore_index} (or there are none): "
+                         f"there is no position to average the loss over")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= n:
+        raise ValueError(f"targets holds id {low if low < 0 else high}, outside [0, {n}) "
+                         f"(or {ignore_index}: ignored)")
+    if torch.isnan(logits).any() or torch.isposinf(logits).any():
+        raise ValueError("logits must not contain NaN or +inf")
+    if torch.isneginf(logits).all(dim=-1).any():
+        raise ValueError("logits has a position whose scores are all -inf: no token has any "
+                         "probability there")
 
 
 # --- The package's one import-time side effect -----------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -72,9 +72,9 @@ class LlamaConfig:
         num_heads: query heads per block; must divide ``d_model``, and ``head_dim =
             d_model // num_heads`` must be even (RoPE turns dimensions in pairs).
         d_model: the width of every token vector.
-        d_ff: the SwiGLU hidden width; ``None`` means ``8/3 * d_model`` rounded up to a
-            multiple of 8, i.e. ``8 * ceil(d_model / 3)`` (three matrices of that width hold as
-            many numbers as GPT's two of ``4 * d_model``).
+        d_ff: the SwiGLU hidden width; ``None`` means ``2/3 * 4 * d_model``, cut to an int and
+            rounded up to a multiple of ``multiple_of`` (three matrices of that width hold as
+            many numbers as GPT's two of ``4 * d_model``), as Meta's Llama code computes it.
         num_kv_heads: key and value heads; must divide ``num_heads``. ``None`` means
             ``num_heads`` (multi-head attention); 1 is multi-query attention.
         rope_theta: the base of the rotary wavelengths (transformers' ``rope_theta``).
@@ -82,6 +82,10 @@ class LlamaConfig:
         tie_embeddings: share one matrix between the token embedding and the head.
         dropout: dropout probability in training (embeddings, attention weights, residual
             branches).
+        multiple_of: what the default ``d_ff`` is rounded up to (Meta's ``multiple_of``): 8
+            gives ``8 * ceil(d_model / 3)``; Llama-7B's 256 turns ``d_model=4096`` into 11008.
+            Unused when ``d_ff`` is given, and not compared (two configs with the same
+            ``d_ff`` are equal): a loaded ``config.json`` names ``d_ff`` alone.
 
     Raises:
         TypeError, ValueError: a size that is not a positive int, ``num_heads`` not dividing
@@ -100,11 +104,14 @@ class LlamaConfig:
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     dropout: float = 0.0
+    multiple_of: int = field(default=8, compare=False)
 
     def __post_init__(self) -> None:
-        # d_ff defaults to 8/3 d_model rounded up to a multiple of 8
+        # d_ff defaults to int(2/3 * 4 * d_model) rounded up to a multiple of multiple_of
+        m = _checks.check_int("multiple_of", self.multiple_of)
         _checks.check_model_sizes(self, ("vocab_size", "context_length", "num_layers",
-                                         "num_heads", "d_model"), lambda d: 8 * -(-d // 3))
+                                         "num_heads", "d_model"),
+                                  lambda d: m * -(-(8 * d // 3) // m))
         _check_head_dim(self.head_dim)
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)

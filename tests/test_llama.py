@@ -98,6 +98,21 @@ def test_d_ff_defaults_to_8_thirds_of_d_model_rounded_up_to_a_multiple_of_8(d_mo
     assert config.d_ff == d_ff and d_ff % 8 == 0 and 0 <= d_ff - 8 * d_model / 3 < 8
 
 
+def test_multiple_of_256_gives_llama_7b_s_11008_and_changes_nothing_else():
+    llama_7b = LlamaConfig(vocab_size=32000, context_length=4096, num_layers=32, num_heads=32,
+                           d_model=4096, multiple_of=256)
+    assert llama_7b.d_ff == 11008 == 256 * -(-int(2 * 4 * 4096 / 3) // 256)
+    default = LlamaConfig(vocab_size=32000, context_length=4096, num_layers=32, num_heads=32,
+                          d_model=4096)
+    assert default.d_ff == 10928 and default.multiple_of == 8
+    assert dataclasses.replace(default, d_ff=11008) == llama_7b   # multiple_of not compared
+    assert LlamaConfig(10, 8, 1, 4, 32, d_ff=100, multiple_of=256).d_ff == 100
+    for d_model in range(2, 400, 2):                # 8 is today's rule, 8 * ceil(d_model / 3)
+        assert LlamaConfig(10, 8, 1, 1, d_model).d_ff == 8 * -(-d_model // 3)
+    model = Llama(LlamaConfig(10, 8, 1, 2, 16, multiple_of=32))
+    assert model.config.d_ff == 64 and model.layers[0].feed_forward.up_proj.out_features == 64
+
+
 def test_config_defaults_and_frozen():
     config = LlamaConfig(10, 8, 1, 4, 32)
     assert config.num_kv_heads == 4 and config.head_dim == 8
@@ -116,6 +131,8 @@ def test_config_defaults_and_frozen():
     (dict(rope_theta=-1.0), ValueError, "rope_theta must be positive"),
     (dict(tie_embeddings=1), TypeError, "tie_embeddings must be True or False"),
     (dict(dropout=1.0), ValueError, "dropout"),
+    (dict(multiple_of=0), ValueError, "multiple_of must be at least 1"),
+    (dict(multiple_of=2.0), TypeError, "multiple_of must be an int"),
 ])
 def test_config_errors(changes, error, message):
     with pytest.raises(error, match=message):

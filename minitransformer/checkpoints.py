@@ -1,6 +1,6 @@
 """Training checkpoints that survive a kill, and resuming from them bit for bit (chapter 15).
 
-A run's directory, written by the command line (:mod:`minitransformer.cli`)::
+A run's directory, written by the command line (:mod:`minitransformer.cli.train`)::
 
     DIR/config.json, model.safetensors        the latest weights, as GPT-2's files (chapter 13)
     DIR/vocab.json, merges.txt, tokenizer_config.json     the tokenizer (chapter 12)
@@ -98,10 +98,11 @@ def load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor])
 
 
 def save(out: Path, *, step: int, world_size: int, write_model, tensors: dict[str, Tensor],
-         state: dict) -> Path:
+         state: dict, keep: tuple[str, ...] = ()) -> Path:
     """Write the checkpoint of ``step`` into ``out`` with the protocol of this module's
     docstring, and return its folder. ``write_model(folder)`` writes the weights and the
-    tokenizer files; ``tensors`` and ``state`` are the rest (safetensors and JSON)."""
+    tokenizer files; ``tensors`` and ``state`` are the rest (safetensors and JSON). Older
+    checkpoints are removed, except those named in ``keep``."""
     from safetensors.torch import save_file
 
     tmp = out / f"ckpt.tmp-{step}"
@@ -123,19 +124,29 @@ def save(out: Path, *, step: int, world_size: int, write_model, tensors: dict[st
         shutil.copyfile(final / name, part)
         os.replace(part, out / name)
     for old in out.iterdir():
-        if old != final and _LEFTOVER.fullmatch(old.name):
+        if old != final and old.name not in keep and _LEFTOVER.fullmatch(old.name):
             shutil.rmtree(old) if old.is_dir() else old.unlink()
     return final
 
 
-def latest(out: Path) -> tuple[dict, Path]:
+def point_to(out: Path, folder: Path, *, world_size: int) -> None:
+    """Make ``trainer_state.json`` name the whole checkpoint ``folder`` (one atomic replace): a
+    run goes back to it, as when a WSD run is extended from where its decay began."""
+    step = int(_NAME.fullmatch(folder.name).group(1))
+    write_json(out / STATE_FILE, {"step": step, "world_size": world_size,
+                                  "checkpoint": folder.name})
+
+
+def latest(out: Path, *, name: str | None = None) -> tuple[dict, Path]:
     """``(trainer_state, checkpoint folder)`` of the run in ``out``: the folder that
-    ``trainer_state.json`` names, and nothing else.
+    ``trainer_state.json`` names, and nothing else; or, with ``name``, that older checkpoint
+    of the run (one that :func:`save` kept).
 
     Raises:
         FileNotFoundError: no ``trainer_state.json``, or the folder it names is gone.
         ValueError: a ``trainer_state.json`` that is not what :func:`save` writes.
     """
+    wanted = name
     path = out / STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"nothing to resume in {out}: it has no {STATE_FILE}")
@@ -144,6 +155,10 @@ def latest(out: Path) -> tuple[dict, Path]:
     match = _NAME.fullmatch(name) if isinstance(name, str) else None
     if match is None or int(match.group(1)) != state.get("step"):
         raise ValueError(f"{path} does not name a checkpoint ckpt-<step> of its step")
+    if wanted is not None:
+        name = wanted
+        if not (out / name).is_dir():
+            raise FileNotFoundError(f"{out} has no {name}")
     folder = out / name
     if not folder.is_dir():
         raise FileNotFoundError(f"{path} names {name}, which is not in {out}")

@@ -55,6 +55,33 @@ def learning_rate(step: int, *, steps: int, lr: float, warmup_steps: int) -> flo
     return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def wsd_decay_start(steps: int, *, warmup_steps: int) -> int:
+    """The first step of :func:`wsd_learning_rate`'s decay: the last fifth of the run (at
+    least one step), never inside the warm-up."""
+    return max(warmup_steps, steps - max(1, steps // 5))
+
+
+def wsd_learning_rate(step: int, *, steps: int, lr: float, warmup_steps: int) -> float:
+    """The warm-up-stable-decay schedule (Hu et al., 2024; Hagele et al., 2024): the warm-up of
+    :func:`learning_rate`, then ``lr`` unchanged until :func:`wsd_decay_start`, then a linear
+    decay to ``lr / 10`` at the last step, and ``lr / 10`` after it.
+
+    Before the decay the rate does not depend on ``steps``: a run made longer repeats the
+    shorter run's steps exactly up to where the shorter one began to decay, which
+    :func:`learning_rate`'s cosine, stretched over every step, cannot do."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    start = wsd_decay_start(steps, warmup_steps=warmup_steps)
+    if step < start:
+        return lr
+    progress = min(1.0, (step - start + 1) / max(1, steps - start))
+    return lr * (1.0 - 0.9 * progress)
+
+
+#: The schedules a :class:`TrainingLoop` (and ``--schedule``) can follow, by name.
+SCHEDULES = {"cosine": learning_rate, "wsd": wsd_learning_rate}
+
+
 def _endless(batches: Iterable[tuple]) -> Iterator[tuple]:
     """The batches over and over: a list is reused, an iterator must not run out."""
     count = 0
@@ -164,7 +191,9 @@ class TrainingLoop:
 
     A model wrapped in ``DistributedDataParallel`` is passed as ``model`` (its ``no_sync``
     skips the all-reduce of every micro-batch but the last); ``eval_model`` is then the bare
-    model that :func:`evaluate` runs. ``step`` counts the updates done; :meth:`state_dict`
+    model that :func:`evaluate` runs, and ``mean_loss`` turns each process's loss into the mean
+    over all processes, so that the recorded training loss is the whole batch's. ``schedule``
+    names the learning-rate schedule in :data:`SCHEDULES` (``"cosine"`` or ``"wsd"``). ``step`` counts the updates done; :meth:`state_dict`
     and :meth:`load_state_dict` save and restore it with the running loss and the history.
     Arguments are checked by the caller (:func:`train`, the command line).
     """
@@ -172,8 +201,11 @@ class TrainingLoop:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, steps: int,
                  lr: float, warmup_steps: int, max_grad_norm: float = 1.0,
                  grad_accum: int = 1, val_batches: list[tuple] | None = None,
-                 eval_every: int = 100, eval_model: nn.Module | None = None) -> None:
+                 eval_every: int = 100, eval_model: nn.Module | None = None,
+                 schedule: str = "cosine",
+                 mean_loss: Callable[[float], float] | None = None) -> None:
         self.model, self.optimizer = model, optimizer
+        self.schedule, self.mean_loss = SCHEDULES[schedule], mean_loss
         self.steps, self.lr, self.warmup_steps = steps, lr, warmup_steps
         self.max_grad_norm, self.grad_accum = max_grad_norm, grad_accum
         self.val_batches, self.eval_every = val_batches, eval_every
@@ -188,11 +220,13 @@ class TrainingLoop:
         (and after its evaluation, if the step has one)."""
         self.model.train()
         while self.step < self.steps:
-            rate = learning_rate(self.step, steps=self.steps, lr=self.lr,
+            rate = self.schedule(self.step, steps=self.steps, lr=self.lr,
                                  warmup_steps=self.warmup_steps)
             for group in self.optimizer.param_groups:
                 group["lr"] = rate
             loss = self._gradients(stream)
+            if self.mean_loss is not None:      # this process's loss -> the whole batch's
+                loss = self.mean_loss(loss)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
             self.optimizer.step()
             self.step += 1

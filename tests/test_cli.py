@@ -29,7 +29,8 @@ PYTHON = sys.executable
 #: The test model: 35k parameters, 30 steps of 8 windows of 16 tokens.
 TINY = ["--steps", "30", "--batch-size", "8", "--context-length", "16", "--num-layers", "2",
         "--num-heads", "2", "--d-model", "32", "--vocab-size", "300", "--lr", "1e-2",
-        "--save-every", "10", "--eval-every", "10", "--no-progress", "--device", "cpu"]
+        "--save-every", "10", "--eval-every", "10", "--no-progress", "--device", "cpu",
+        "--threads", "1"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -333,7 +334,7 @@ def test_torchrun_killed_then_resumed_under_torchrun_is_bit_identical(ddp_run, d
     result = subprocess.run(torchrun(*flags, "--resume"), capture_output=True, text=True,
                             env=subprocess_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.count(f"resuming from step {step}\n") == 1   # rank 0 alone
+    assert result.stdout.count(f"resuming from step {step},") == 1   # rank 0 alone
     assert equal(weights(out), weights(ddp_run[0]))
     assert json.loads((out / "trainer_state.json").read_text())["world_size"] == 2
 

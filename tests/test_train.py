@@ -237,3 +237,19 @@ def test_learning_rate_starts_above_zero_and_stays_at_the_floor_after_the_last_s
     assert learning_rate(99, steps=100, lr=1.0, warmup_steps=10) == pytest.approx(0.1)
     for step in (100, 150, 189, 1000):
         assert learning_rate(step, steps=100, lr=1.0, warmup_steps=10) == pytest.approx(0.1)
+
+
+def test_wsd_rates_before_the_decay_do_not_depend_on_the_run_s_length():
+    """Warm-up, then lr, then a linear decay over the last fifth to lr / 10, then lr / 10. A
+    longer run has the same rates until the shorter one's decay; the cosine has not."""
+    from minitransformer.training import wsd_decay_start, wsd_learning_rate
+    rates = {n: [wsd_learning_rate(s, steps=n, lr=1.0, warmup_steps=4) for s in range(n + 5)]
+             for n in (40, 60)}
+    assert wsd_decay_start(40, warmup_steps=4) == 32
+    assert rates[40][:32] == rates[60][:32] and rates[40][32] < 1.0
+    assert rates[40][0] == pytest.approx(0.25) and rates[40][3:32] == [1.0] * 29
+    assert rates[40][39] == pytest.approx(0.1) and rates[40][40:] == [pytest.approx(0.1)] * 5
+    assert all(a > b for a, b in zip(rates[40][32:40], rates[40][33:40]))
+    cosine = {n: [learning_rate(s, steps=n, lr=1.0, warmup_steps=4) for s in range(n)]
+              for n in (40, 60)}
+    assert cosine[40][4:32] != cosine[60][4:32]

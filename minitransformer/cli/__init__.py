@@ -1,0 +1,119 @@
+"""The command line: ``python -m minitransformer COMMAND`` (chapter 15).
+
+A thin layer: argparse turns flags into the package's own objects and runs the package's own
+code (the one training loop, :class:`~minitransformer.training.TrainingLoop`). This file is the
+whole parser, every command and flag; each command is a module of its own (``train.py``,
+``generate.py``), and what they share (refusals, devices, processes) is in ``common.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from minitransformer.cli import generate, train
+from minitransformer.cli.common import (
+    PROG,
+    CommandLineError,
+    Parser,
+    nonnegative,
+    number,
+    positive,
+)
+
+__all__ = ["CommandLineError", "build_parser", "main"]
+
+
+def build_parser() -> Parser:
+    """The parser of every command."""
+    parser = Parser(prog=PROG, description="Train a small GPT on your own text, and sample "
+                    "from it (the course Transformers from scratch, chapter 15).")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=Parser)
+    t = commands.add_parser(
+        "train", help="train a GPT on a UTF-8 text file",
+        description="Train a byte-level BPE tokenizer and a GPT on a UTF-8 text file, saving "
+        "checkpoints that --resume continues bit for bit. Under torchrun, every process "
+        "trains on its slice of the same global batch (DistributedDataParallel).",
+        epilog="Defaults for a new run: " + ", ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in train.DEFAULTS.items()) + ".")
+    t.set_defaults(run=train.run)
+    add = t.add_argument
+    add("--data", metavar="FILE", help="UTF-8 text to train on; its last 10%% is held out "
+        "for the validation loss")
+    add("--out", metavar="DIR", required=True, help="the run's directory: transformers "
+        "loads it (config.json, model.safetensors, tokenizer files)")
+    add("--arch", choices=train.ARCHS, help="the model: GPT-2's (chapter 9) or Llama's "
+        "(chapter 14)")
+    add("--steps", type=positive, help="optimizer updates; with --resume, a larger number "
+        "extends a run")
+    add("--batch-size", type=positive, help="the global batch: sequences per update, over "
+        "all processes and accumulation steps")
+    add("--context-length", type=positive, help="tokens per sequence")
+    add("--num-layers", type=positive, help="transformer blocks")
+    add("--num-heads", type=positive, help="attention heads; must divide --d-model")
+    add("--d-model", type=positive, help="width of every token vector")
+    add("--vocab-size", type=positive, help="tokens of the BPE tokenizer, counting its 256 "
+        "byte tokens")
+    add("--lr", type=number, help="peak learning rate")
+    add("--schedule", choices=("cosine", "wsd"), help="the learning rate after the warm-up: "
+        "a cosine decay to lr/10, or warm-up-stable-decay (lr, then a linear decay to lr/10 "
+        "over the last fifth), which --resume --steps N extends bit for bit")
+    add("--warmup-steps", type=positive, help="steps of linear warm-up (default: a tenth of "
+        "--steps, 1 to 100)")
+    add("--dropout", type=number, help="dropout probability (processes agree exactly only "
+        "with 0)")
+    add("--seed", type=int, help="seeds the weights and the batches")
+    add("--grad-accum", type=positive, help="micro-batches per update (same update as one "
+        "batch that many times larger)")
+    add("--save-every", type=positive, default=100, help="steps between checkpoints "
+        "(default 100; the last step is always saved)")
+    add("--eval-every", type=positive, default=50, help="steps between validation losses "
+        "(default 50)")
+    add("--resume", action="store_true", help="continue the run in --out from its last "
+        "checkpoint")
+    add("--device", help="cpu, cuda, cuda:1, ... (default: minitransformer.default_device())")
+    add("--dtype", choices=tuple(train.DTYPES), help="the weights' precision")
+    add("--threads", type=positive, help="CPU threads per process (default: OMP_NUM_THREADS, "
+        "else the cores idle now; a resumed run keeps its count)")
+    add("--no-progress", action="store_true", help="no progress bar")
+
+    g = commands.add_parser("generate", help="continue a prompt with a trained model",
+                            description="Print the prompt and its continuation.")
+    g.set_defaults(run=generate.run)
+    add = g.add_argument
+    add("--model", metavar="DIR", required=True, help="a directory written by train")
+    add("--prompt", required=True, help="the text to continue")
+    add("--max-new-tokens", type=nonnegative, default=None,
+        help="(default: 40, or as many as the model's context leaves after the prompt)")
+    add("--temperature", type=number, default=1.0, help="0 is greedy (default 1.0)")
+    add("--top-k", type=positive, help="sample among the k likeliest tokens only")
+    add("--seed", type=int, default=0, help="makes sampling repeatable (default 0)")
+    add("--device", help="default: minitransformer.default_device()")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit status.
+
+    Bad input prints one line on stderr, ``minitransformer: error: ...``, and returns 2.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except SystemExit as exc:       # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except (CommandLineError, ValueError, TypeError, OSError) as exc:
+        print(one_line(exc), file=sys.stderr)
+        return 2
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of a refusal as one line starting with the program's name."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError) and exc.filename and exc.strerror:
+        message = f"{exc.strerror}: {exc.filename}"
+    return message if message.startswith(PROG) else f"{PROG}: error: {message}"

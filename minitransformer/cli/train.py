@@ -1,0 +1,308 @@
+"""``minitransformer train``: a tokenizer and a model trained on a text file, with checkpoints
+that ``--resume`` continues bit for bit, on one process or several under ``torchrun``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import tqdm
+
+from minitransformer import checkpoints
+from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
+from minitransformer.cli.common import CommandLineError, Processes, architecture, threads
+from minitransformer.data import random_batches, window_batches
+from minitransformer.training import (
+    BAR_FORMAT,
+    SCHEDULES,
+    TrainingLoop,
+    _optimizer,
+    wsd_decay_start,
+)
+
+ARCHS = ("gpt", "llama")
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+#: What a new run uses for a flag that is not given: a model that trains on the book's corpus
+#: (175 kB) in about half a minute on two CPU cores (21.5 s measured on a quiet machine).
+DEFAULTS = {
+    "arch": "gpt", "steps": 300, "batch_size": 16, "context_length": 64, "num_layers": 2,
+    "num_heads": 4, "d_model": 128, "vocab_size": 512, "lr": 3e-3, "seed": 0,
+    "grad_accum": 1, "dropout": 0.0, "dtype": "float32", "schedule": "cosine",
+}
+#: Flags that decide the run: on --resume they come from the checkpoint, and a different value
+#: given on the command line is refused (the result could no longer be bit-identical), except
+#: a larger --steps, which extends the run (see _extend).
+RUN_FLAGS = ("data", *DEFAULTS, "warmup_steps")
+VAL_FRACTION = 0.1      # the end of the data, held out for the validation loss
+EVAL_BATCHES = 20       # at most this many validation batches, the same at every evaluation
+
+
+def run(args: argparse.Namespace) -> int:
+    procs = Processes(args.device)
+    before = torch.get_num_threads()
+    try:
+        return _run(args, procs)
+    finally:
+        torch.set_num_threads(before)       # main() may run inside a notebook or a test
+        procs.close()
+
+
+def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict, dict | None]:
+    """The run's flags (``RUN_FLAGS``) and, with --resume, the checkpoint to continue:
+    ``(settings, resumed)`` where ``resumed`` holds the trainer state, folder, state, tensors
+    and a note to print. ``write``: this process may write files (rank 0)."""
+    given = {k: getattr(args, k) for k in RUN_FLAGS if getattr(args, k) is not None}
+    if "data" in given:
+        given["data"] = os.path.abspath(given["data"])
+    if not args.resume:
+        if out.exists() and not out.is_dir():
+            raise CommandLineError(f"--out {out} is a file, not a directory")
+        if out.is_dir() and any(out.iterdir()):
+            raise CommandLineError(f"--out {out} already holds a run: pass --resume to "
+                                   f"continue it, or choose another directory")
+        if "data" not in given:
+            raise CommandLineError("train needs --data FILE, the UTF-8 text to train on")
+        settings = {**DEFAULTS, **given}
+        settings.setdefault("warmup_steps", _warmup(settings["steps"]))
+        return settings, None
+    trainer_state, folder = checkpoints.latest(out)
+    state, tensors = checkpoints.load_tensors(folder)
+    settings = {"schedule": "cosine", **state["args"]}      # runs saved before --schedule
+    settings.setdefault("warmup_steps", _warmup(settings["steps"]))
+    for key, value in given.items():
+        if key == "steps" and value >= settings["steps"]:
+            continue
+        if value != settings[key]:
+            flag = "--" + key.replace("_", "-")
+            why = ("a run can be extended, not shortened" if key == "steps" else
+                   "a resumed run keeps the flags it began with, or it would not equal the "
+                   "run never stopped")
+            raise CommandLineError(f"{flag} {value} differs from the checkpoint's "
+                                   f"{settings[key]}: {why}")
+    resumed = {"trainer_state": trainer_state, "folder": folder, "state": state,
+               "tensors": tensors, "note": ""}
+    if given.get("steps", settings["steps"]) > settings["steps"]:
+        resumed = _extend(out, settings, given["steps"], resumed, write=write)
+        settings["steps"] = given["steps"]
+    return settings, resumed
+
+
+def _warmup(steps: int) -> int:
+    """The warm-up of a new run without --warmup-steps: a tenth of the run, 1 to 100 steps."""
+    return max(1, min(100, steps // 10))
+
+
+def _extend(out: Path, s: dict, steps: int, resumed: dict, *, write: bool) -> dict:
+    """``--resume --steps N`` beyond the run's ``--steps``: the checkpoint to go on from.
+
+    The cosine schedule depends on the run's length at every step, so a stretched run goes on
+    from its last checkpoint on a new curve: the rate jumps back up and decays again, and the
+    result equals neither the shorter run nor a run begun with N steps. The WSD schedule's
+    rates do not depend on the length before its decay, so a WSD run goes back to the
+    checkpoint kept where its decay began and is from there on the N-step run, bit for bit."""
+    step, old = resumed["state"]["loop"]["step"], s["steps"]
+    if s["schedule"] != "wsd":
+        rate = SCHEDULES["cosine"]
+        was = rate(min(step, old - 1), steps=old, lr=s["lr"], warmup_steps=s["warmup_steps"])
+        now = rate(step, steps=steps, lr=s["lr"], warmup_steps=s["warmup_steps"])
+        resumed["note"] = (f"extending the run from {old} to {steps} steps: the cosine "
+                           f"schedule is stretched, so the learning rate goes from {was:.3g} "
+                           f"to {now:.3g} at step {step + 1} and decays again; the result is "
+                           f"neither the {old}-step run nor a {steps}-step one (--schedule wsd "
+                           f"extends without changing the steps before its decay)")
+        return resumed
+    start = wsd_decay_start(old, warmup_steps=s["warmup_steps"])
+    note = (f"extending the run from {old} to {steps} steps: the stable phase goes on, the "
+            f"decay moves to the end")
+    if step <= start:
+        resumed["note"] = note
+        return resumed
+    name = f"ckpt-{start}"
+    try:
+        trainer_state, folder = checkpoints.latest(out, name=name)
+    except FileNotFoundError:
+        raise CommandLineError(f"cannot extend the run in {out}: its checkpoint {name}, where "
+                               f"its decay began, is gone") from None
+    state, tensors = checkpoints.load_tensors(folder)
+    if state["args"]["steps"] != old:
+        raise CommandLineError(f"cannot extend the run in {out}: {name} is not the one this "
+                               f"run kept where its decay began")
+    if write:
+        checkpoints.point_to(out, folder, world_size=resumed["trainer_state"]["world_size"])
+    return {"trainer_state": resumed["trainer_state"], "folder": folder, "state": state,
+            "tensors": tensors, "note": f"{note}: going back to step {start}, where the decay "
+            f"began ({name}), to train steps {start + 1}-{steps} as a {steps}-step run does"}
+
+
+def _check(s: dict, world_size: int) -> None:
+    """Refuse flags that cannot make a run, naming them."""
+    if s["d_model"] % s["num_heads"]:
+        raise CommandLineError(f"--num-heads {s['num_heads']} does not divide --d-model "
+                               f"{s['d_model']}")
+    if s["vocab_size"] < 256:
+        raise CommandLineError(f"--vocab-size must be at least 256 (the byte tokens), got "
+                               f"{s['vocab_size']}")
+    if not 1 <= s["warmup_steps"] <= s["steps"]:
+        raise CommandLineError(f"--warmup-steps must be from 1 to --steps {s['steps']}, got "
+                               f"{s['warmup_steps']}")
+    if not s["lr"] > 0:
+        raise CommandLineError(f"--lr must be positive, got {s['lr']}")
+    if not 0 <= s["dropout"] < 1:
+        raise CommandLineError(f"--dropout must be in [0, 1), got {s['dropout']}")
+    parts = world_size * s["grad_accum"]
+    if s["batch_size"] % parts:
+        raise CommandLineError(f"--batch-size {s['batch_size']} is not divisible by world "
+                               f"size {world_size} x --grad-accum {s['grad_accum']} = {parts}")
+
+
+def _read_text(path: str) -> tuple[str, str]:
+    """The text of the data file and its SHA-256."""
+    file = Path(path)
+    if not file.is_file():
+        raise CommandLineError(f"--data {path}: no such file")
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CommandLineError(f"--data {path} is not UTF-8 text ({exc.reason} at byte "
+                               f"{exc.start})") from None
+    if not text.strip():
+        raise CommandLineError(f"--data {path} is empty")
+    return text, hashlib.sha256(raw).hexdigest()
+
+
+def _split(ids: list[int], context_length: int, path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token stream as training and validation parts (the last ``VAL_FRACTION``)."""
+    window = context_length + 1
+    n_val = max(int(len(ids) * VAL_FRACTION), window)
+    if len(ids) - n_val < window:
+        raise CommandLineError(f"--data {path} holds {len(ids)} tokens, too few for a training "
+                               f"and a validation window of --context-length + 1 = {window} "
+                               f"tokens each")
+    stream = torch.tensor(ids, dtype=torch.long)
+    return stream[:-n_val], stream[-n_val:]
+
+
+def _micro_batches(stream: torch.Tensor, s: dict, generator: torch.Generator,
+                   procs: Processes) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Every process draws the same global batch from the same generator and keeps its slice,
+    cut into ``grad_accum`` micro-batches. The generator's state is the data position."""
+    share = s["batch_size"] // procs.world_size
+    micro = share // s["grad_accum"]
+    for inputs, targets in random_batches(stream, batch_size=s["batch_size"],
+                                          context_length=s["context_length"],
+                                          generator=generator):
+        mine = slice(procs.rank * share, (procs.rank + 1) * share)     # (B / world, T)
+        inputs, targets = inputs[mine], targets[mine]
+        for m in range(0, share, micro):
+            yield (inputs[m:m + micro].to(procs.device), targets[m:m + micro].to(procs.device))
+
+
+def _run(args: argparse.Namespace, procs: Processes) -> int:
+    out = Path(args.out)
+    say = print if procs.main else (lambda *a, **k: None)
+    s, resumed = _settings(args, out, write=procs.main)
+    _check(s, procs.world_size)
+    text, digest = _read_text(s["data"])
+    if resumed:
+        if digest != resumed["state"]["data_sha256"]:
+            raise CommandLineError(f"--data {s['data']} changed since the run began (its "
+                                   f"SHA-256 differs): a resumed run must read the same text")
+        tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
+    else:
+        tokenizer = BPETokenizer.train(text, s["vocab_size"], pattern=GPT2_PATTERN)
+    train_ids, val_ids = _split(tokenizer.encode(text), s["context_length"], s["data"])
+    began = resumed["state"].get("threads") if resumed else None
+    if began and args.threads is None and "OMP_NUM_THREADS" not in os.environ:
+        count, why = began, "as the run began"
+    else:
+        count, why = threads(args.threads, processes=procs.local_world_size)
+    torch.set_num_threads(count)
+    how = f"{count} thread{'s' * (count > 1)} ({why})"
+    dtype = DTYPES[s["dtype"]]
+
+    torch.manual_seed(s["seed"])
+    model_class, config_class = architecture(s["arch"])
+    if resumed:
+        model = model_class.from_pretrained(resumed["folder"], device=procs.device, dtype=dtype)
+    else:
+        config = config_class(vocab_size=s["vocab_size"], context_length=s["context_length"],
+                              num_layers=s["num_layers"], num_heads=s["num_heads"],
+                              d_model=s["d_model"], dropout=s["dropout"])
+        model = model_class(config, device=procs.device, dtype=dtype)
+    generator = torch.Generator().manual_seed(s["seed"])
+    optimizer = _optimizer(model, s["lr"], 0.1)
+    wrapped = model
+    if procs.world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        wrapped = DistributedDataParallel(
+            model, device_ids=[procs.device.index] if procs.device.type == "cuda" else None)
+    val = window_batches(val_ids, batch_size=s["batch_size"],
+                         context_length=s["context_length"])[:EVAL_BATCHES]
+    val = [(x.to(procs.device), y.to(procs.device)) for x, y in val]
+    loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],
+                        warmup_steps=s["warmup_steps"], schedule=s["schedule"],
+                        grad_accum=s["grad_accum"], val_batches=val if procs.main else None,
+                        eval_every=args.eval_every, eval_model=model)
+    #: WSD: the checkpoint where the decay begins is kept, to extend the run from (_extend)
+    stable = (wsd_decay_start(s["steps"], warmup_steps=s["warmup_steps"])
+              if s["schedule"] == "wsd" else None)
+    if resumed:
+        checkpoints.load_optimizer(optimizer, resumed["tensors"])
+        checkpoints.set_rng_states(resumed["tensors"], generator)
+        loop.load_state_dict(resumed["state"]["loop"])
+        was = resumed["trainer_state"]["world_size"]
+        changed = [f"world size {was}, now {procs.world_size}"] if was != procs.world_size else []
+        if began and began != count:
+            changed.append(f"{began} threads per process, now {count}")
+        say(f"resuming from step {loop.step}, {how}" + (
+            f" (the run began with {' and '.join(changed)}: equal to the uninterrupted run up "
+            f"to rounding only)" if changed else ""))
+        if resumed["note"]:
+            say(resumed["note"])
+        if loop.step >= s["steps"]:
+            say(f"the run in {out} is complete: {loop.step} of {s['steps']} steps")
+            return 0
+    else:
+        if procs.main:
+            out.mkdir(parents=True, exist_ok=True)
+        say(f"training a {model_class.__name__} of {_count(model):,} parameters on "
+            f"{train_ids.numel():,} tokens ({val_ids.numel():,} held out), "
+            f"{procs.world_size} process{'es' * (procs.world_size > 1)} of {how}")
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    def after_step(loop: TrainingLoop) -> None:
+        h = loop.history
+        if procs.main and h.steps and h.steps[-1] == loop.step:
+            tqdm.tqdm.write(f"step {loop.step}: train loss {h.train_losses[-1]:.4f}, "
+                            f"val loss {h.val_losses[-1]:.4f}", file=sys.stdout)
+        if procs.main and (loop.step % args.save_every == 0 or loop.step in (s["steps"], stable)):
+            tensors = {**checkpoints.optimizer_tensors(optimizer),
+                       **checkpoints.rng_states(generator)}
+            state = {"args": s, "data_sha256": digest, "threads": count,
+                     "loop": loop.state_dict()}
+            checkpoints.save(out, step=loop.step, world_size=procs.world_size,
+                             write_model=save, tensors=tensors, state=state,
+                             keep=() if stable is None else (f"ckpt-{stable}",))
+
+    bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="training", mininterval=0.5,
+                    bar_format=BAR_FORMAT, disable=not procs.main or args.no_progress)
+    with contextlib.closing(bar):
+        loop.run(_micro_batches(train_ids, s, generator, procs), bar=bar,
+                 after_step=after_step)
+    say(f"saved {out} at step {loop.step}: validation loss "
+        f"{loop.history.val_losses[-1]:.4f}" if loop.history.val_losses else f"saved {out}")
+    return 0
+
+
+def _count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

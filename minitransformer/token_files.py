@@ -55,7 +55,7 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
             *, vocab_size: int | None = None,
             tokenizer: str | os.PathLike | BPETokenizer | None = None,
             val_fraction: float = 0.1, workers: int | None = None, seed: int = 0,
-            sample_bytes: int = SAMPLE_BYTES, dtype: str | None = None, engine: str = "auto",
+            sample_bytes: int = SAMPLE_BYTES, dtype: str | None = None, engine: str = "python",
             progress: bool = True) -> dict:
     """Tokenize the UTF-8 text of ``paths`` (files, or directories read recursively in name
     order) into the prepared directory ``out_dir``; return its index.
@@ -75,9 +75,9 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
     Each file is encoded on its own, cut at places where the ids cannot change
     (:meth:`~minitransformer.bpe.BPETokenizer.encode_iterable`'s rule), in ``workers``
     processes (default: the cores). ``engine="python"`` encodes with the tokenizer itself;
-    ``"tokenizers"`` with Hugging Face ``tokenizers`` loaded from the same files (much faster;
-    an optional dependency); ``"auto"`` uses ``tokenizers`` when it is installed and gives the
-    same ids on the start of the text, else ``"python"``. The index says which ran.
+    ``"tokenizers"`` with Hugging Face ``tokenizers`` (an optional dependency) loaded from the
+    same files, which gives the same ids (tested) but, one whole chunk at a time, was no faster
+    than ours per core (``benchmarks/prepare.py``). The index says which ran.
 
     The last ``val_fraction`` of the bytes (from the last safe cut before that point) is
     ``val.bin``, the rest ``train.bin``. Files are written under temporary names and renamed;
@@ -104,7 +104,7 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
     check_int("sample_bytes", sample_bytes)
     if dtype is not None:
         check_choice("dtype", dtype, DTYPES)
-    check_choice("engine", engine, ("auto", "python", "tokenizers"))
+    check_choice("engine", engine, ("python", "tokenizers"))
     total = sum(size for _, size in sources)
     if total == 0:
         raise ValueError(f"the input is empty: {', '.join(str(p) for p, _ in sources)} "
@@ -131,8 +131,9 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
 def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, workers, seed,
              sample_bytes, dtype, engine, progress) -> dict:
     if vocab_size is not None:
-        tokenizer = BPETokenizer.train(_sample(sources, sample_bytes, seed), vocab_size,
-                                       pattern=GPT2_PATTERN)
+        with _context().Pool(1) as pool:      # its memory is given back when it ends
+            merges = pool.apply(_learn, (sources, sample_bytes, seed, vocab_size))
+        tokenizer = BPETokenizer(merges, pattern=GPT2_PATTERN)
         origin = {"trained": True, "sample_bytes": min(sample_bytes, total), "seed": seed}
     elif isinstance(tokenizer, BPETokenizer):
         origin = {"trained": False, "from": repr(tokenizer)}
@@ -144,7 +145,7 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
     name = _dtype_for(len(tokenizer), dtype)
     staged = out / ("tokenizer" + PARTIAL)
     tokenizer.save_pretrained(staged)
-    engine = _engine(engine, tokenizer, staged, sources)
+    engine = _engine(engine, tokenizer, staged)
 
     split_at = total - round(val_fraction * total)
     counts, hashes = {"train": 0, "val": 0}, []
@@ -181,6 +182,19 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
     return index
 
 
+def _learn(sources, sample_bytes: int, seed: int, vocab_size: int) -> list:
+    """The merges of a tokenizer learned from the sample (run in a process of its own)."""
+    return list(BPETokenizer.train(_sample(sources, sample_bytes, seed), vocab_size,
+                                   pattern=GPT2_PATTERN).merges)
+
+
+def _context():
+    """Worker processes are forked where the system can (they start at once, sharing the
+    parent's memory), else spawned."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
 def _sources(paths, out_dir) -> list[tuple[Path, int]]:
     """The input files, in order, with their sizes: a directory gives its files, recursively in
     name order, leaving out hidden names and ``out_dir``."""
@@ -205,7 +219,7 @@ def _sources(paths, out_dir) -> list[tuple[Path, int]]:
         elif path.is_file():
             files.append(path)
         else:
-            raise FileNotFoundError(2, f"no such file or directory: {path}", str(path))
+            raise FileNotFoundError(2, "no such file or directory", str(path))
     return [(p, p.stat().st_size) for p in files]
 
 
@@ -367,25 +381,15 @@ def _text_chunks(sources: list[tuple[Path, int]], tokenizer: BPETokenizer, split
 _WORKER: dict = {}
 
 
-def _engine(engine: str, tokenizer: BPETokenizer, files: Path,
-            sources: list[tuple[Path, int]]) -> str:
-    """The engine that will run: ``tokenizers`` only when it loads and agrees with ours."""
-    if engine == "python":
-        return engine
-    try:
-        fast = _load_tokenizers(files, tokenizer)
-    except ImportError:
-        if engine == "tokenizers":
+def _engine(engine: str, tokenizer: BPETokenizer, files: Path) -> str:
+    """``engine``, checked: ``tokenizers`` must be installed."""
+    if engine == "tokenizers":
+        try:
+            _load_tokenizers(files, tokenizer)
+        except ImportError:
             raise ValueError("engine='tokenizers' needs the tokenizers package (pip install "
                              "tokenizers), or use engine='python'") from None
-        return "python"
-    if engine == "auto":
-        with open(sources[0][0], "rb") as f:
-            start = f.read(1 << 16)
-        text = start[:start.rfind(b"\n") + 1 or None].decode("utf-8", errors="ignore")
-        if fast.encode(text).ids != tokenizer.encode(text):
-            return "python"
-    return "tokenizers"
+    return engine
 
 
 def _load_tokenizers(files: Path, tokenizer: BPETokenizer):
@@ -427,9 +431,7 @@ def _encode_all(chunks: Iterator[tuple[str, str]], engine: str, tokenizer: BPETo
         for part, text in chunks:
             yield part, *_encode_chunk(text)
         return
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with context.Pool(workers, initializer=_start_worker, initargs=args) as pool:
+    with _context().Pool(workers, initializer=_start_worker, initargs=args) as pool:
         pending: deque = deque()
         for part, text in chunks:
             pending.append((part, pool.apply_async(_encode_chunk, (text,))))

@@ -11,8 +11,7 @@ in a fresh process and prints:
 - the peak memory of the run: the proportional set size summed over its processes (the
   workers are forked and share pages, which PSS counts once), sampled every 20 ms with psutil;
 - the encoding throughput in MB of text per second (the tokenizer is learned once beforehand
-  and reused with ``tokenizer=``, so the time is the encoding's), with our encoder and with the
-  ``tokenizers`` engine;
+  and reused with ``tokenizer=``, so the time is the encoding's);
 - the same per CPU second (user + system time of the run's processes): what one idle core
   would give, a fairer number on a busy machine;
 - Hugging Face ``tokenizers``' own ``encode_batch`` of the same file's lines, on as many threads
@@ -55,7 +54,6 @@ kwargs = json.loads(sys.argv[3])
 start, start_cpu = time.perf_counter(), cpu()
 index = prepare(sys.argv[1], sys.argv[2], progress=False, **kwargs)
 print(json.dumps({"seconds": time.perf_counter() - start, "cpu": cpu() - start_cpu,
-                  "engine": index["engine"],
                   "tokens": sum(index["tokens"].values()), "dtype": index["dtype"]}))
 """
 
@@ -132,8 +130,6 @@ def main() -> None:
     parser.add_argument("--dir", help="where the files go (default: a temporary directory)")
     parser.add_argument("--learn-on", type=float, help="the file (MB) that the tokenizer is "
                         "learned from and encoded, with its peak memory (default: the largest)")
-    parser.add_argument("--no-python-engine-above", type=float, default=float("inf"),
-                        metavar="MB", help="run only the tokenizers engine on larger files")
     args = parser.parse_args()
     sizes = [*args.sizes, *([1024] if args.gb else [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -145,14 +141,14 @@ def main() -> None:
             files[size] = tmp / f"text_{size:g}MB.txt"
             generate(files[size], int(size * MB))
         tokenizer = tmp / "tokenizer"
-        learn = dict(vocab_size=args.vocab_size, workers=max(args.workers), engine="tokenizers")
+        learn = dict(vocab_size=args.vocab_size, workers=max(args.workers))
         learn_on = args.learn_on if args.learn_on in files else sizes[-1]
         result, peak = measured([sys.executable, "-c", RUN, str(files[learn_on]), str(tokenizer),
                                  json.dumps(learn)], env)
         print(f"learn a {args.vocab_size}-token tokenizer from a sample of the "
               f"{learn_on:g} MB file and encode it: {result['seconds']:.1f} s, peak "
-              f"{peak:.0f} MB, {result['engine']}, {result['dtype']}\n")
-        print(f"{'file MB':>8} {'engine':>10} {'workers':>7} {'peak MB':>8} {'MB/s':>7} "
+              f"{peak:.0f} MB, {result['dtype']}\n")
+        print(f"{'file MB':>8} {'workers':>7} {'peak MB':>8} {'MB/s':>7} "
               f"{'MB/cpu-s':>8} {'HF MB/s':>8} {'HF MB/cpu-s':>11} {'ours/HF':>8}")
         runs = []
         for size, path in files.items():
@@ -161,32 +157,25 @@ def main() -> None:
                                   str(workers)], env)
                 hf_speed = path.stat().st_size / MB / hf["seconds"]
                 hf_cpu = path.stat().st_size / MB / hf["cpu"]
-                engines = ["python", "tokenizers"]
-                if size > args.no_python_engine_above:
-                    engines = ["tokenizers"]
-                for engine in engines:
-                    out = tmp / f"out_{size:g}_{engine}_{workers}"
-                    kwargs = dict(tokenizer=str(tokenizer), workers=workers, engine=engine)
-                    result, peak = measured([sys.executable, "-c", RUN, str(path), str(out),
-                                             json.dumps(kwargs)], env)
-                    speed = path.stat().st_size / MB / result["seconds"]
-                    per_cpu = path.stat().st_size / MB / result["cpu"]
-                    runs.append((size, engine, workers, peak, speed))
-                    print(f"{size:>8g} {engine:>10} {workers:>7} {peak:>8.0f} {speed:>7.2f} "
-                          f"{per_cpu:>8.2f} {hf_speed:>8.2f} {hf_cpu:>11.2f} "
-                          f"{speed / hf_speed:>8.3f}", flush=True)
-                    for file in out.iterdir():
-                        file.unlink()
-                    out.rmdir()
+                out = tmp / f"out_{size:g}_{workers}"
+                kwargs = dict(tokenizer=str(tokenizer), workers=workers)
+                result, peak = measured([sys.executable, "-c", RUN, str(path), str(out),
+                                         json.dumps(kwargs)], env)
+                speed = path.stat().st_size / MB / result["seconds"]
+                per_cpu = path.stat().st_size / MB / result["cpu"]
+                runs.append((size, workers, peak, speed))
+                print(f"{size:>8g} {workers:>7} {peak:>8.0f} {speed:>7.2f} "
+                      f"{per_cpu:>8.2f} {hf_speed:>8.2f} {hf_cpu:>11.2f} "
+                      f"{speed / hf_speed:>8.3f}", flush=True)
+                for file in out.iterdir():
+                    file.unlink()
+                out.rmdir()
         print(f"\nload average after: {os.getloadavg()[0]:.1f}")
-        peak = max(r[3] for r in runs)
+        peak = max(r[2] for r in runs)
         print(f"peak memory of any run: {peak:.0f} MB (target <= 1024 MB)")
-        for engine in ("python", "tokenizers"):
-            two = [r[4] for r in runs if r[1] == engine and r[2] == 2]
-            if two:
-                print(f"{engine} engine, 2 workers: {min(two):.2f} to {max(two):.2f} MB/s "
-                      f"(target >= 4 MB/s)")
-
+        two = [r[3] for r in runs if r[1] == 2]
+        if two:
+            print(f"2 workers: {min(two):.2f} to {max(two):.2f} MB/s (target >= 4 MB/s)")
 
 if __name__ == "__main__":
     main()

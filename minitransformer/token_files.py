@@ -55,7 +55,7 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
             *, vocab_size: int | None = None,
             tokenizer: str | os.PathLike | BPETokenizer | None = None,
             val_fraction: float = 0.1, workers: int | None = None, seed: int = 0,
-            sample_bytes: int = SAMPLE_BYTES, dtype: str | None = None, engine: str = "python",
+            sample_bytes: int = SAMPLE_BYTES, dtype: str | None = None,
             progress: bool = True) -> dict:
     """Tokenize the UTF-8 text of ``paths`` (files, or directories read recursively in name
     order) into the prepared directory ``out_dir``; return its index.
@@ -74,10 +74,9 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
 
     Each file is encoded on its own, cut at places where the ids cannot change
     (:meth:`~minitransformer.bpe.BPETokenizer.encode_iterable`'s rule), in ``workers``
-    processes (default: the cores). ``engine="python"`` encodes with the tokenizer itself;
-    ``"tokenizers"`` with Hugging Face ``tokenizers`` (an optional dependency) loaded from the
-    same files, which gives the same ids (tested) but, one whole chunk at a time, was no faster
-    than ours per core (``benchmarks/prepare.py``). The index says which ran.
+    processes (default: the cores), by the tokenizer itself: Hugging Face ``tokenizers``, read
+    from the same files, gives the same ids (tested) but was no faster per core
+    (``benchmarks/prepare.py``), so the package does not use it.
 
     The last ``val_fraction`` of the bytes (from the last safe cut before that point) is
     ``val.bin``, the rest ``train.bin``. Files are written under temporary names and renamed;
@@ -104,7 +103,6 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
     check_int("sample_bytes", sample_bytes)
     if dtype is not None:
         check_choice("dtype", dtype, DTYPES)
-    check_choice("engine", engine, ("python", "tokenizers"))
     total = sum(size for _, size in sources)
     if total == 0:
         raise ValueError(f"the input is empty: {', '.join(str(p) for p, _ in sources)} "
@@ -117,8 +115,7 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
     try:
         index = _prepare(sources, out, total, vocab_size=vocab_size, tokenizer=tokenizer,
                          val_fraction=val_fraction, workers=workers, seed=seed,
-                         sample_bytes=sample_bytes, dtype=dtype, engine=engine,
-                         progress=progress)
+                         sample_bytes=sample_bytes, dtype=dtype, progress=progress)
     except BaseException:
         _clear(out)
         if made and not any(out.iterdir()):
@@ -129,7 +126,7 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
 
 
 def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, workers, seed,
-             sample_bytes, dtype, engine, progress) -> dict:
+             sample_bytes, dtype, progress) -> dict:
     if vocab_size is not None:
         with _context().Pool(1) as pool:      # its memory is given back when it ends
             merges = pool.apply(_learn, (sources, sample_bytes, seed, vocab_size))
@@ -145,7 +142,6 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
     name = _dtype_for(len(tokenizer), dtype)
     staged = out / ("tokenizer" + PARTIAL)
     tokenizer.save_pretrained(staged)
-    engine = _engine(engine, tokenizer, staged)
 
     split_at = total - round(val_fraction * total)
     counts, hashes = {"train": 0, "val": 0}, []
@@ -154,7 +150,7 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
             open(out / (VAL_FILE + PARTIAL), "wb") as val_f:
         files = {"train": train_f, "val": val_f}
         chunks = _text_chunks(sources, tokenizer, split_at, hashes)
-        for part, ids, size in _encode_all(chunks, engine, tokenizer, staged, name, workers):
+        for part, ids, size in _encode_all(chunks, tokenizer, name, workers):
             files[part].write(ids)
             counts[part] += len(ids) // np.dtype(name).itemsize
             bar.update(size)
@@ -168,7 +164,7 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
     index = {
         "format": FORMAT, "version": VERSION, "dtype": name, "vocab_size": len(tokenizer),
         "tokens": counts, "files": {"train": TRAIN_FILE, "val": VAL_FILE},
-        "tokenizer": {"files": list(TOKENIZER_FILES), **origin}, "engine": engine,
+        "tokenizer": {"files": list(TOKENIZER_FILES), **origin},
         "val_fraction": val_fraction, "bytes": total,
         "sources": [{"path": os.path.abspath(path), "bytes": size, "sha256": digest}
                     for (path, size), digest in zip(sources, hashes)],
@@ -381,57 +377,27 @@ def _text_chunks(sources: list[tuple[Path, int]], tokenizer: BPETokenizer, split
 _WORKER: dict = {}
 
 
-def _engine(engine: str, tokenizer: BPETokenizer, files: Path) -> str:
-    """``engine``, checked: ``tokenizers`` must be installed."""
-    if engine == "tokenizers":
-        try:
-            _load_tokenizers(files, tokenizer)
-        except ImportError:
-            raise ValueError("engine='tokenizers' needs the tokenizers package (pip install "
-                             "tokenizers), or use engine='python'") from None
-    return engine
-
-
-def _load_tokenizers(files: Path, tokenizer: BPETokenizer):
-    """Hugging Face ``tokenizers``' byte-level BPE, read from our ``vocab.json``/``merges.txt``
-    (chapter 13: the same files), with our special tokens."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    fast = Tokenizer(models.BPE.from_file(str(files / "vocab.json"),
-                                          str(files / "merges.txt")))
-    fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    fast.decoder = decoders.ByteLevel()
-    fast.add_special_tokens([AddedToken(s, normalized=False, special=True)
-                             for s in tokenizer.special_tokens])
-    return fast
-
-
-def _start_worker(engine: str, tokenizer: BPETokenizer, files: str, dtype: str) -> None:
-    _WORKER.update(engine=engine, tokenizer=tokenizer, dtype=dtype,
-                   fast=_load_tokenizers(Path(files), tokenizer)
-                   if engine == "tokenizers" else None)
+def _start_worker(tokenizer: BPETokenizer, dtype: str) -> None:
+    _WORKER.update(tokenizer=tokenizer, dtype=dtype)
 
 
 def _encode_chunk(text: str) -> tuple[bytes, int]:
     """The ids of ``text`` as bytes of the dtype, and the text's size in bytes."""
-    if _WORKER["engine"] == "tokenizers":
-        ids = _WORKER["fast"].encode(text).ids
-    else:
-        ids = _WORKER["tokenizer"].encode(text)
+    ids = _WORKER["tokenizer"].encode(text)
     return np.asarray(ids, dtype=_WORKER["dtype"]).tobytes(), len(text.encode("utf-8"))
 
 
-def _encode_all(chunks: Iterator[tuple[str, str]], engine: str, tokenizer: BPETokenizer,
-                files: Path, dtype: str, workers: int) -> Iterator[tuple[str, bytes, int]]:
+def _encode_all(chunks: Iterator[tuple[str, str]], tokenizer: BPETokenizer, dtype: str,
+                workers: int) -> Iterator[tuple[str, bytes, int]]:
     """``(part, ids as bytes, text bytes)`` for each chunk, in order. With several workers at
     most two chunks per worker are in flight, so memory stays bounded."""
-    args = (engine, tokenizer, str(files), dtype)
     if workers == 1:
-        _start_worker(*args)
+        _start_worker(tokenizer, dtype)
         for part, text in chunks:
             yield part, *_encode_chunk(text)
         return
-    with _context().Pool(workers, initializer=_start_worker, initargs=args) as pool:
+    with _context().Pool(workers, initializer=_start_worker,
+                         initargs=(tokenizer, dtype)) as pool:
         pending: deque = deque()
         for part, text in chunks:
             pending.append((part, pool.apply_async(_encode_chunk, (text,))))

@@ -52,9 +52,9 @@ def tiny_blocks(monkeypatch):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_streamed_ids_equal_whole_file_ids_and_round_trip(tmp_path, tiny_blocks, workers):
     index = prepare(SAMPLES, tmp_path / "out", vocab_size=400, workers=workers,
-                    engine="python", progress=False)
+                    progress=False)
     files = TokenFiles(tmp_path / "out")
-    assert index["engine"] == "python" and files.index == index
+    assert files.index == index
     ids = all_ids(files)
     assert ids == whole_file_ids(files.tokenizer, SAMPLES)
     assert files.tokenizer.decode_bytes(ids) == b"".join(p.read_bytes() for p in SAMPLES)
@@ -78,7 +78,7 @@ def test_a_directory_and_a_gpt2_tokenizer(tmp_path, tiny_blocks):
     (src / "b" / "z.txt").write_bytes(SAMPLES[4].read_bytes())
     (src / "a.txt").write_bytes(SAMPLES[0].read_bytes())
     (src / ".hidden").write_bytes(b"\xff not read")
-    index = prepare(src, tmp_path / "out", tokenizer=GPT2_TINY, workers=2, engine="python",
+    index = prepare(src, tmp_path / "out", tokenizer=GPT2_TINY, workers=2,
                     progress=False)
     files = TokenFiles(tmp_path / "out")
     reference = BPETokenizer.from_pretrained(GPT2_TINY)
@@ -89,31 +89,27 @@ def test_a_directory_and_a_gpt2_tokenizer(tmp_path, tiny_blocks):
     assert reference.special_tokens["<|endoftext|>"] in ids
 
 
-def test_tokenizers_engine_gives_the_same_ids(tmp_path, tiny_blocks):
-    python = prepare(SAMPLES, tmp_path / "py", tokenizer=GPT2_TINY, workers=1,
-                     progress=False)
-    fast = prepare(SAMPLES, tmp_path / "fast", tokenizer=GPT2_TINY, workers=2,
-                   engine="tokenizers", progress=False)
-    assert (python["engine"], fast["engine"]) == ("python", "tokenizers")
-    assert all_ids(TokenFiles(tmp_path / "fast")) == all_ids(TokenFiles(tmp_path / "py"))
-    for name in ("train.bin", "val.bin"):
-        assert (tmp_path / "py" / name).read_bytes() == (tmp_path / "fast" / name).read_bytes()
-    own = prepare(SAMPLES, tmp_path / "own", vocab_size=600, workers=1, progress=False)
-    fast = prepare(SAMPLES, tmp_path / "own_fast", tokenizer=tmp_path / "own", workers=1,
-                   engine="tokenizers", progress=False)
-    assert own["tokens"] == fast["tokens"]
-    assert all_ids(TokenFiles(tmp_path / "own")) == all_ids(TokenFiles(tmp_path / "own_fast"))
+def test_hugging_face_tokenizers_reads_the_same_ids_from_the_written_files(tmp_path):
+    """The prepared directory's vocab.json/merges.txt, loaded into tokenizers' byte-level BPE,
+    encode every sample to the ids in the token files (what benchmarks/prepare.py compares)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    for name, kwargs in (("own", dict(vocab_size=600)), ("gpt2", dict(tokenizer=GPT2_TINY))):
+        out = tmp_path / name
+        prepare(SAMPLES, out, workers=1, val_fraction=0.0, progress=False, **kwargs)
+        files = TokenFiles(out)
+        fast = Tokenizer(models.BPE.from_file(str(out / "vocab.json"),
+                                              str(out / "merges.txt")))
+        fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        fast.add_special_tokens([AddedToken(s, normalized=False, special=True)
+                                 for s in files.tokenizer.special_tokens])
+        theirs = [i for p in SAMPLES for i in fast.encode(p.read_bytes().decode()).ids]
+        assert files.train.tolist() == theirs, name
 
 
-def test_tokenizers_engine_missing(tmp_path, monkeypatch):
+def test_the_package_does_not_import_tokenizers(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)     # import tokenizers -> ImportError
-    index = prepare(SAMPLES[:1], tmp_path / "a", tokenizer=GPT2_TINY, workers=1,
-                    progress=False)
-    assert index["engine"] == "python"
-    with pytest.raises(ValueError, match="engine='tokenizers' needs the tokenizers package"):
-        prepare(SAMPLES[:1], tmp_path / "b", tokenizer=GPT2_TINY, engine="tokenizers",
-                progress=False)
-    assert not (tmp_path / "b").exists()
+    prepare(SAMPLES[:1], tmp_path / "a", tokenizer=GPT2_TINY, workers=2, progress=False)
+    assert len(TokenFiles(tmp_path / "a").train) > 0
 
 
 def test_same_seed_same_files_and_the_sample_is_bounded(tmp_path, monkeypatch):
@@ -184,8 +180,7 @@ def test_uint16_when_the_vocabulary_fits_else_uint32(tmp_path):
 KILLED = """
 import sys
 from minitransformer.token_files import prepare
-prepare(sys.argv[1], sys.argv[2], tokenizer=sys.argv[3], workers=1, engine="python",
-        progress=False)
+prepare(sys.argv[1], sys.argv[2], tokenizer=sys.argv[3], workers=1, progress=False)
 """
 
 
@@ -210,9 +205,8 @@ def test_a_killed_prepare_is_refused_then_prepared_again(tmp_path):
     assert (out / "prepare.partial").exists() and not (out / "index.json").exists()
     with pytest.raises(ValueError, match="is half-written: a prepare into it did not finish"):
         TokenFiles(out)
-    prepare(big, out, tokenizer=GPT2_TINY, workers=1, engine="python", progress=False)
-    prepare(big, tmp_path / "clean", tokenizer=GPT2_TINY, workers=1, engine="python",
-            progress=False)
+    prepare(big, out, tokenizer=GPT2_TINY, workers=1, progress=False)
+    prepare(big, tmp_path / "clean", tokenizer=GPT2_TINY, workers=1, progress=False)
     assert sorted(p.name for p in out.iterdir()) == sorted(
         p.name for p in (tmp_path / "clean").iterdir())
     for name in ("train.bin", "val.bin", "vocab.json", "merges.txt"):
@@ -291,8 +285,6 @@ def test_refusals_of_prepare(tmp_path):
             prepare(SAMPLES[0], tmp_path / "o", val_fraction=bad, **ok)
     with pytest.raises(ValueError, match="workers must be at least 1"):
         prepare(SAMPLES[0], tmp_path / "o", workers=0, **ok)
-    with pytest.raises(ValueError, match="engine must be one of"):
-        prepare(SAMPLES[0], tmp_path / "o", engine="rust", **ok)
     with pytest.raises(ValueError, match="dtype must be one of"):
         prepare(SAMPLES[0], tmp_path / "o", dtype="int8", **ok)
     with pytest.raises(FileNotFoundError, match="no vocab.json"):

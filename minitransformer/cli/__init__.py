@@ -52,8 +52,6 @@ def build_parser() -> Parser:
         "the validation loss (default 0.1)")
     add("--workers", type=positive, help="encoding processes (default: the cores)")
     add("--seed", type=int, default=0, help="seeds the tokenizer's sample (default 0)")
-    add("--engine", choices=("python", "tokenizers"), default="python", help="our encoder "
-        "(default), or Hugging Face tokenizers, if installed: the same ids")
     add("--no-progress", action="store_true", help="no progress bar")
 
     t = commands.add_parser(

@@ -18,11 +18,10 @@ def run(args: argparse.Namespace) -> int:
         vocab_size = VOCAB_SIZE
     index = prepare(args.data, args.out, vocab_size=vocab_size, tokenizer=args.tokenizer,
                     val_fraction=args.val_fraction, workers=args.workers, seed=args.seed,
-                    engine=args.engine, progress=not args.no_progress)
+                    progress=not args.no_progress)
     tokens = index["tokens"]
     print(f"prepared {args.out}: {tokens['train']:,} training and {tokens['val']:,} "
           f"validation tokens ({index['dtype']}) from {index['bytes']:,} bytes of "
           f"{len(index['sources'])} file{'s' * (len(index['sources']) > 1)}, "
-          f"{index['vocab_size']} tokens in the vocabulary, encoded by the {index['engine']} "
-          f"engine")
+          f"{index['vocab_size']} tokens in the vocabulary")
     return 0

@@ -372,7 +372,7 @@ def _text_chunks(sources: list[tuple[Path, int]], tokenizer: BPETokenizer, split
         first += size
 
 
-# ----- encoding in worker processes ---------------------------------------------------------------
+# ----- encoding in worker processes -------------------------------------------------------------
 
 _WORKER: dict = {}
 
@@ -409,7 +409,7 @@ def _encode_all(chunks: Iterator[tuple[str, str]], tokenizer: BPETokenizer, dtyp
             yield part, *result.get()
 
 
-# ----- reading a prepared directory ---------------------------------------------------------------
+# ----- reading a prepared directory -------------------------------------------------------------
 
 class TokenFiles:
     """A prepared directory, opened: ``train`` and ``val`` are read-only ``numpy.memmap`` views

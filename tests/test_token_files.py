@@ -255,7 +255,8 @@ def test_not_utf8_names_the_file_and_the_byte(tmp_path, tiny_blocks, content, wh
     bad.write_bytes(content)
     with pytest.raises(ValueError, match=re.escape(f"{bad} is not UTF-8 text: {where}")):
         prepare(bad, tmp_path / "out", tokenizer=GPT2_TINY, workers=1, progress=False)
-    with pytest.raises(ValueError, match=re.escape(f"{bad} is not UTF-8 text: {where}")):   # the sample
+    # the same from the tokenizer's sample
+    with pytest.raises(ValueError, match=re.escape(f"{bad} is not UTF-8 text: {where}")):
         prepare(bad, tmp_path / "out2", vocab_size=300, workers=1, progress=False)
 
 

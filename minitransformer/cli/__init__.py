@@ -3,7 +3,8 @@
 A thin layer: argparse turns flags into the package's own objects and runs the package's own
 code (the one training loop, :class:`~minitransformer.training.TrainingLoop`). This file is the
 whole parser, every command and flag; each command is a module of its own (``prepare.py``,
-``train.py``, ``generate.py``), and what they share (refusals, devices, processes) is in ``common.py``.
+``train.py``, ``generate.py``), and what they share (refusals, devices, processes) is in
+``common.py``.
 """
 
 from __future__ import annotations

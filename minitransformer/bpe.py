@@ -32,7 +32,7 @@ import heapq
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import regex
 
@@ -328,6 +328,43 @@ class BPETokenizer:
 
     def _to_file(self, ids: list[int]) -> list[int]:
         return ids if self.file_ids is None else [self.file_ids[i] for i in ids]
+
+    def encode_iterable(self, lines: Iterable[str]) -> Iterator[int]:
+        """The ids of the text ``"".join(lines)``, one at a time: the same ids as ``encode`` of
+        the whole text, special tokens included, for an open text file or any iterable of str.
+
+        Text is encoded as soon as no later text can change its pieces: up to the last special
+        token, and, with ``GPT2_PATTERN``, up to the last place where a space follows a
+        non-space (no piece of that pattern holds a non-space followed by a space). So the
+        memory held is about the longest stretch without such a place, a line for ordinary
+        text. With another pattern, or none, it is the longest stretch between special tokens.
+
+        Raises ``TypeError`` (when iterated) for an item that is not a str.
+        """
+        if isinstance(lines, (bytes, bytearray)) or not isinstance(lines, Iterable):
+            raise TypeError(f"lines must be an iterable of str (an open text file), got "
+                            f"{type(lines).__name__}")
+        return self._encode_stream(lines)
+
+    def _encode_stream(self, lines: Iterable[str]) -> Iterator[int]:
+        parts: list[str] = []
+        size, next_try = 0, _STREAM_CHUNK
+        for k, line in enumerate(lines):
+            if not isinstance(line, str):
+                raise TypeError(f"lines[{k}] must be a str, got {type(line).__name__} (open "
+                                f"the file in text mode)")
+            parts.append(line)
+            size += len(line)
+            if size < next_try:
+                continue
+            text = "".join(parts)
+            cut = _stream_cut(text, self)
+            if cut:
+                yield from self.encode(text[:cut])
+                text = text[cut:]
+            parts, size = [text], len(text)
+            next_try = size + max(_STREAM_CHUNK, size if not cut else 0)  # grow, not retry
+        yield from self.encode("".join(parts))
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of a list of ids; ids outside ``[0, len(self))`` are a ``ValueError``."""
@@ -655,6 +692,45 @@ def _why_no_pairs(text: str, pattern: str | None) -> str:
     if pattern is None:
         return "the text is a single byte"
     return "the pattern split the text into pieces of one byte each"
+
+
+_STREAM_CHUNK = 1 << 16   # characters gathered before encode_iterable looks for a cut
+_SPACE_AFTER_NON_SPACE = regex.compile(r"(?r)\S\s")   # reverse: finds the last one
+
+
+def _stream_cut(text: str, tokenizer: BPETokenizer) -> int:
+    """The largest ``c`` such that ``text[:c]`` and ``text[c:] + more`` encode, for any
+    ``more``, to the ids of ``text + more``; 0 if there is none.
+
+    A special token found at a position ``s`` is final once ``text`` holds ``s`` plus the
+    longest special token's length (no longer one can start at or before ``s``). Cuts go at the
+    final ones' ends and starts and, with ``GPT2_PATTERN``, before a space that follows a
+    non-space outside them (each alternative of the pattern stops there, having looked at
+    most one character ahead).
+    """
+    longest = max(map(len, tokenizer.special_tokens), default=0)
+    limit = len(text) - max(1, longest - 1)    # positions below limit are final
+    if limit <= 0:
+        return 0
+    spans = []
+    if tokenizer._special_splitter is not None:
+        for match in tokenizer._special_splitter.finditer(text):
+            if match.start() >= limit:
+                break
+            spans.append(match.span())
+    cut = max((end if end <= limit else start for start, end in spans), default=0)
+    if tokenizer.pattern == GPT2_PATTERN:
+        endpos = limit + 1
+        while endpos > 1:
+            match = _SPACE_AFTER_NON_SPACE.search(text, 0, endpos)
+            if match is None or match.end() - 1 <= cut:
+                break
+            c = match.end() - 1
+            inside = next((s for s, e in spans if s < c < e), None)
+            if inside is None:
+                return c
+            endpos = inside + 1
+    return cut
 
 
 # ----- GPT-2's file format -----------------------------------------------------------------------

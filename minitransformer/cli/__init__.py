@@ -2,9 +2,9 @@
 
 A thin layer: argparse turns flags into the package's own objects and runs the package's own
 code (the one training loop, :class:`~minitransformer.training.TrainingLoop`). This file is the
-whole parser, every command and flag; each command is a module of its own (``train.py``,
-``generate.py``, ``convert.py``), and what they share (refusals, threads, devices, processes)
-is in ``common.py``.
+whole parser, every command and flag; each command is a module of its own (``prepare.py``,
+``train.py``, ``generate.py``, ``convert.py``), and what they share (refusals, threads, devices,
+processes) is in ``common.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from minitransformer.cli import convert, generate, train
+from minitransformer.cli import convert, generate, prepare, train
 from minitransformer.cli.common import (
     PROG,
     CommandLineError,
@@ -32,6 +32,30 @@ def build_parser() -> Parser:
                     "from it (the course Transformers from scratch, chapter 15).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=Parser)
+    p = commands.add_parser(
+        "prepare", help="tokenize text once into a directory that train --data reads",
+        description="Tokenize UTF-8 text files or directories, as a stream in bounded memory, "
+        "into DATA_DIR: train.bin and val.bin (token ids, uint16 when the vocabulary fits, "
+        "else uint32), the tokenizer files, and index.json. A run that is killed leaves a "
+        "directory that train refuses and prepare may write again.")
+    p.set_defaults(run=prepare.run)
+    add = p.add_argument
+    add("--data", metavar="PATH", nargs="+", required=True, help="UTF-8 text files, or "
+        "directories read recursively in name order")
+    add("--out", metavar="DATA_DIR", required=True, help="the directory to write (new or "
+        "empty)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--vocab-size", type=positive, help="learn a BPE tokenizer of this "
+                       f"many tokens from a seeded sample of the text (default "
+                       f"{prepare.VOCAB_SIZE})")
+    which.add_argument("--tokenizer", metavar="DIR", help="reuse a tokenizer: a directory "
+                       "with vocab.json and merges.txt (ours, or GPT-2's own)")
+    add("--val-fraction", type=number, default=0.1, help="the end of the text held out for "
+        "the validation loss (default 0.1)")
+    add("--workers", type=positive, help="encoding processes (default: the cores)")
+    add("--seed", type=int, default=0, help="seeds the tokenizer's sample (default 0)")
+    add("--no-progress", action="store_true", help="no progress bar")
+
     t = commands.add_parser(
         "train", help="train a GPT on a UTF-8 text file",
         description="Train a byte-level BPE tokenizer and a GPT on a UTF-8 text file, saving "
@@ -41,8 +65,8 @@ def build_parser() -> Parser:
             f"--{k.replace('_', '-')} {v}" for k, v in train.DEFAULTS.items()) + ".")
     t.set_defaults(run=train.run)
     add = t.add_argument
-    add("--data", metavar="FILE", help="UTF-8 text to train on; its last 10%% is held out "
-        "for the validation loss")
+    add("--data", metavar="FILE|DATA_DIR", help="UTF-8 text to train on, its last 10%% held "
+        "out for the validation loss; or a directory made by prepare, read as memory maps")
     add("--out", metavar="DIR", required=True, help="the run's directory: transformers "
         "loads it (config.json, model.safetensors, tokenizer files)")
     add("--arch", choices=train.ARCHS, help="the model: GPT-2's (chapter 9) or Llama's "

@@ -19,6 +19,7 @@ from minitransformer import checkpoints
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.cli.common import CommandLineError, Processes, architecture, threads
 from minitransformer.data import random_batches, window_batches
+from minitransformer.token_files import INDEX_FILE, TokenFiles, random_windows, val_windows
 from minitransformer.training import (
     BAR_FORMAT,
     SCHEDULES,
@@ -72,7 +73,8 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
             raise CommandLineError(f"--out {out} is not empty and holds no run: choose a new "
                                    f"or an empty directory")
         if "data" not in given:
-            raise CommandLineError("train needs --data FILE, the UTF-8 text to train on")
+            raise CommandLineError("train needs --data FILE, the UTF-8 text to train on, or "
+                                   "--data DATA_DIR, a directory made by prepare")
         if leftovers and write:     # a kill during the first save: not a run, start again
             for path in leftovers:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -268,24 +270,73 @@ def _micro_batches(stream: torch.Tensor, s: dict, generator: torch.Generator,
             yield (inputs[m:m + micro].to(procs.device), targets[m:m + micro].to(procs.device))
 
 
+def _prepared(path: str, s: dict, vocab_given: bool) -> tuple[TokenFiles, str]:
+    """The prepared directory ``--data DATA_DIR`` (made by ``prepare``) and the SHA-256 of its
+    index; ``s["vocab_size"]`` becomes its tokenizer's."""
+    try:
+        files = TokenFiles(path)
+    except ValueError as exc:
+        raise CommandLineError(f"--data {exc}") from None
+    if vocab_given and s["vocab_size"] != len(files.tokenizer):
+        raise CommandLineError(f"--vocab-size {s['vocab_size']} differs from the "
+                               f"{len(files.tokenizer)} tokens of {path}'s tokenizer (leave "
+                               f"--vocab-size out with a prepared directory)")
+    s["vocab_size"] = len(files.tokenizer)
+    window = s["context_length"] + 1
+    for part, tokens in (("train", files.train), ("val", files.val)):
+        if len(tokens) < window:
+            raise CommandLineError(f"--data {path} holds {len(tokens)} {part} tokens, too few "
+                                   f"for a window of --context-length + 1 = {window} tokens")
+    digest = hashlib.sha256((Path(path) / INDEX_FILE).read_bytes()).hexdigest()
+    return files, digest
+
+
+def _prepared_micro_batches(tokens, s: dict, generator: torch.Generator,
+                            procs: Processes) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """As ``_micro_batches``, from the memory map: the same global batch in every process,
+    each reading only its own rows."""
+    share = s["batch_size"] // procs.world_size
+    micro = share // s["grad_accum"]
+    for inputs, targets in random_windows(tokens, batch_size=s["batch_size"],
+                                          context_length=s["context_length"],
+                                          generator=generator, rank=procs.rank,
+                                          world_size=procs.world_size):
+        for m in range(0, share, micro):
+            yield (inputs[m:m + micro].to(procs.device), targets[m:m + micro].to(procs.device))
+
+
 def _run(args: argparse.Namespace, procs: Processes) -> int:
     out = Path(args.out)
     say = print if procs.main else (lambda *a, **k: None)
     s, resumed = _settings(args, out, write=procs.main)
     _check(s, procs.world_size)
-    text, digest = _read_text(s["data"])
-    if resumed:
-        if digest != resumed["state"]["data_sha256"]:
-            raise CommandLineError(f"--data {s['data']} changed since the run began (its "
-                                   f"SHA-256 differs): a resumed run must read the same text")
-        tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
+    generator = torch.Generator().manual_seed(s["seed"])
+    if Path(s["data"]).is_dir():
+        files, digest = _prepared(s["data"], s, args.vocab_size is not None and not resumed)
+        tokenizer = files.tokenizer
+        batches = _prepared_micro_batches(files.train, s, generator, procs)
+        val = val_windows(files.val, batch_size=s["batch_size"],
+                          context_length=s["context_length"], max_batches=EVAL_BATCHES)
+        counts = len(files.train), len(files.val)
     else:
-        tokenizer = BPETokenizer.train(text, s["vocab_size"], pattern=GPT2_PATTERN)
-        if len(tokenizer) < s["vocab_size"]:
-            say(f"--vocab-size {s['vocab_size']:,}: the text holds no more pairs to merge "
-                f"after {len(tokenizer) - 256:,} merges, so the tokenizer and the model have "
-                f"{len(tokenizer):,} tokens")
-    train_ids, val_ids = _split(tokenizer.encode(text), s["context_length"], s["data"])
+        text, digest = _read_text(s["data"])
+    if resumed and digest != resumed["state"]["data_sha256"]:
+        raise CommandLineError(f"--data {s['data']} changed since the run began (its "
+                               f"SHA-256 differs): a resumed run must read the same text")
+    if not Path(s["data"]).is_dir():
+        if resumed:
+            tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
+        else:
+            tokenizer = BPETokenizer.train(text, s["vocab_size"], pattern=GPT2_PATTERN)
+            if len(tokenizer) < s["vocab_size"]:
+                say(f"--vocab-size {s['vocab_size']:,}: the text holds no more pairs to merge "
+                    f"after {len(tokenizer) - 256:,} merges, so the tokenizer and the model "
+                    f"have {len(tokenizer):,} tokens")
+        train_ids, val_ids = _split(tokenizer.encode(text), s["context_length"], s["data"])
+        batches = _micro_batches(train_ids, s, generator, procs)
+        val = window_batches(val_ids, batch_size=s["batch_size"],
+                             context_length=s["context_length"])[:EVAL_BATCHES]
+        counts = train_ids.numel(), val_ids.numel()
     began = resumed["state"].get("threads") if resumed else None
     if began and args.threads is None and "OMP_NUM_THREADS" not in os.environ:
         count, why = began, "as the run began"
@@ -304,15 +355,12 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                               num_layers=s["num_layers"], num_heads=s["num_heads"],
                               d_model=s["d_model"], dropout=s["dropout"])
         model = model_class(config, device=procs.device, dtype=dtype)
-    generator = torch.Generator().manual_seed(s["seed"])
     optimizer = _optimizer(model, s["lr"], 0.1)
     wrapped = model
     if procs.world_size > 1:
         from torch.nn.parallel import DistributedDataParallel
         wrapped = DistributedDataParallel(
             model, device_ids=[procs.device.index] if procs.device.type == "cuda" else None)
-    val = window_batches(val_ids, batch_size=s["batch_size"],
-                         context_length=s["context_length"])[:EVAL_BATCHES]
     val = [(x.to(procs.device), y.to(procs.device)) for x, y in val]
     loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],
                         warmup_steps=s["warmup_steps"], schedule=s["schedule"],
@@ -346,7 +394,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         if procs.main:
             out.mkdir(parents=True, exist_ok=True)
         say(f"training a {model_class.__name__} of {_count(model):,} parameters on "
-            f"{train_ids.numel():,} tokens ({val_ids.numel():,} held out), "
+            f"{counts[0]:,} tokens ({counts[1]:,} held out), "
             f"{procs.world_size} process{'es' * (procs.world_size > 1)} of {how}")
 
     def save(folder: Path) -> None:
@@ -370,8 +418,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="training", mininterval=0.5,
                     bar_format=BAR_FORMAT, disable=not procs.main or args.no_progress)
     with contextlib.closing(bar):
-        loop.run(_micro_batches(train_ids, s, generator, procs), bar=bar,
-                 after_step=after_step)
+        loop.run(batches, bar=bar, after_step=after_step)
     say(f"saved {out} at step {loop.step}: validation loss "
         f"{loop.history.val_losses[-1]:.4f}" if loop.history.val_losses else f"saved {out}")
     return 0

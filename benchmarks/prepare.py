@@ -1,0 +1,181 @@
+"""Memory and speed of ``prepare`` as the input grows (issue 31, chapter 15 "Your own data").
+
+    .venv/bin/python benchmarks/prepare.py [--sizes 5 20 80] [--gb] [--workers 1 2]
+                                           [--dir DIR] [--vocab-size 2048]
+
+Writes text files of the given sizes in MB (``--gb`` adds a 1 GB one), generated from the book's
+corpus and the multilingual samples of ``tests/data`` (words drawn with Zipf-like weights,
+numbers, some non-English lines), then for each file and each worker count runs ``prepare``
+in a fresh process and prints:
+
+- the peak memory of the run: the proportional set size summed over its processes (the
+  workers are forked and share pages, which PSS counts once), sampled every 20 ms with psutil;
+- the encoding throughput in MB of text per second (the tokenizer is learned once beforehand
+  and reused with ``tokenizer=``, so the time is the encoding's);
+- the same per CPU second (user + system time of the run's processes): what one idle core
+  would give, a fairer number on a busy machine;
+- Hugging Face ``tokenizers``' own ``encode_batch`` of the same file's lines, on as many threads
+  as workers, loaded from the same ``vocab.json``/``merges.txt``, and our ratio to it (wall);
+- one run that learns the tokenizer too (``vocab_size``), to show that the sample keeps its
+  memory bounded.
+
+Targets: peak memory <= 1 GB for a 1 GB file on 2 cores, flat in the size; encoding >= 4 MB/s
+with 2 workers. The machine's load is printed: other work on the cores slows every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "book" / "data" / "corpus.txt"
+SAMPLES = sorted((ROOT / "tests" / "data").glob("*.txt"))
+MB = 1 << 20
+
+RUN = """
+import json, resource, sys, time
+from minitransformer.token_files import prepare
+
+def cpu():
+    return sum(getattr(resource.getrusage(who), field) for field in ("ru_utime", "ru_stime")
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+kwargs = json.loads(sys.argv[3])
+start, start_cpu = time.perf_counter(), cpu()
+index = prepare(sys.argv[1], sys.argv[2], progress=False, **kwargs)
+print(json.dumps({"seconds": time.perf_counter() - start, "cpu": cpu() - start_cpu,
+                  "tokens": sum(index["tokens"].values()), "dtype": index["dtype"]}))
+"""
+
+HF = """
+import json, os, sys, time
+os.environ["RAYON_NUM_THREADS"] = sys.argv[3]
+from tokenizers import Tokenizer, models, pre_tokenizers
+fast = Tokenizer(models.BPE.from_file(sys.argv[2] + "/vocab.json", sys.argv[2] + "/merges.txt"))
+fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+start, start_cpu, tokens = time.perf_counter(), time.process_time(), 0
+with open(sys.argv[1], encoding="utf-8", newline="") as f:
+    while True:
+        lines = f.readlines(8 << 20)
+        if not lines:
+            break
+        tokens += sum(len(e.ids) for e in fast.encode_batch(lines))
+print(json.dumps({"seconds": time.perf_counter() - start, "tokens": tokens,
+                  "cpu": time.process_time() - start_cpu}))
+"""
+
+
+def generate(path: Path, size: int, seed: int = 0) -> None:
+    """About ``size`` bytes of text: lines of corpus words with Zipf-like weights, numbers and
+    now and then a line of another language."""
+    rng = random.Random(seed)
+    words = sorted(set(CORPUS.read_text(encoding="utf-8").split()))
+    weights = [1 / (rank + 1) for rank in range(len(words))]
+    foreign = [line for p in SAMPLES for line in p.read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    lines = []
+    for _ in range(20_000):
+        if rng.random() < 0.1:
+            lines.append(rng.choice(foreign) + "\n")
+            continue
+        line = rng.choices(words, weights, k=rng.randint(4, 18))
+        if rng.random() < 0.3:
+            line.insert(rng.randrange(len(line)), str(rng.randint(0, 10 ** rng.randint(1, 6))))
+        lines.append(" ".join(line) + "\n")
+    written = 0
+    with open(path, "wb") as f:
+        while written < size:
+            rng.shuffle(lines)
+            block = "".join(lines).encode("utf-8")[:size - written]
+            block = block[:block.rfind(b"\n") + 1] or block
+            f.write(block)
+            written += len(block)
+
+
+def measured(command: list[str], env: dict) -> tuple[dict, float]:
+    """Run ``command``; its JSON line and its peak memory in MB: the proportional set size
+    (PSS) summed over it and its children, so pages the forked workers share count once."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
+    root, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        try:
+            procs = [root, *root.children(recursive=True)]
+            peak = max(peak, sum(p.memory_full_info().pss for p in procs))
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    out = proc.stdout.read()
+    if proc.returncode:
+        raise SystemExit(f"failed: {' '.join(command[:3])}: exit {proc.returncode}")
+    return json.loads(out.strip().splitlines()[-1]), peak / MB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=float, nargs="+", default=[5, 20, 80],
+                        help="file sizes in MB")
+    parser.add_argument("--gb", action="store_true", help="add a 1 GB file (minutes)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--dir", help="where the files go (default: a temporary directory)")
+    parser.add_argument("--learn-on", type=float, help="the file (MB) that the tokenizer is "
+                        "learned from and encoded, with its peak memory (default: the largest)")
+    args = parser.parse_args()
+    sizes = [*args.sizes, *([1024] if args.gb else [])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        tmp = Path(tmp)
+        print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        files = {}
+        for size in sizes:
+            files[size] = tmp / f"text_{size:g}MB.txt"
+            generate(files[size], int(size * MB))
+        tokenizer = tmp / "tokenizer"
+        learn = dict(vocab_size=args.vocab_size, workers=max(args.workers))
+        learn_on = args.learn_on if args.learn_on in files else sizes[-1]
+        result, peak = measured([sys.executable, "-c", RUN, str(files[learn_on]), str(tokenizer),
+                                 json.dumps(learn)], env)
+        print(f"learn a {args.vocab_size}-token tokenizer from a sample of the "
+              f"{learn_on:g} MB file and encode it: {result['seconds']:.1f} s, peak "
+              f"{peak:.0f} MB, {result['dtype']}\n")
+        print(f"{'file MB':>8} {'workers':>7} {'peak MB':>8} {'MB/s':>7} "
+              f"{'MB/cpu-s':>8} {'HF MB/s':>8} {'HF MB/cpu-s':>11} {'ours/HF':>8}")
+        runs = []
+        for size, path in files.items():
+            for workers in args.workers:
+                hf, _ = measured([sys.executable, "-c", HF, str(path), str(tokenizer),
+                                  str(workers)], env)
+                hf_speed = path.stat().st_size / MB / hf["seconds"]
+                hf_cpu = path.stat().st_size / MB / hf["cpu"]
+                out = tmp / f"out_{size:g}_{workers}"
+                kwargs = dict(tokenizer=str(tokenizer), workers=workers)
+                result, peak = measured([sys.executable, "-c", RUN, str(path), str(out),
+                                         json.dumps(kwargs)], env)
+                speed = path.stat().st_size / MB / result["seconds"]
+                per_cpu = path.stat().st_size / MB / result["cpu"]
+                runs.append((size, workers, peak, speed))
+                print(f"{size:>8g} {workers:>7} {peak:>8.0f} {speed:>7.2f} "
+                      f"{per_cpu:>8.2f} {hf_speed:>8.2f} {hf_cpu:>11.2f} "
+                      f"{speed / hf_speed:>8.3f}", flush=True)
+                for file in out.iterdir():
+                    file.unlink()
+                out.rmdir()
+        print(f"\nload average after: {os.getloadavg()[0]:.1f}")
+        peak = max(r[2] for r in runs)
+        print(f"peak memory of any run: {peak:.0f} MB (target <= 1024 MB)")
+        two = [r[3] for r in runs if r[1] == 2]
+        if two:
+            print(f"2 workers: {min(two):.2f} to {max(two):.2f} MB/s (target >= 4 MB/s)")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""``minitransformer prepare``: text files or directories tokenized once into a prepared
+directory (``train.bin``, ``val.bin``, the tokenizer, ``index.json``) that ``train --data
+DATA_DIR`` reads as memory maps (:mod:`minitransformer.token_files`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from minitransformer.token_files import prepare
+
+#: --vocab-size when neither it nor --tokenizer is given: train's default
+VOCAB_SIZE = 512
+
+
+def run(args: argparse.Namespace) -> int:
+    vocab_size = args.vocab_size
+    if vocab_size is None and args.tokenizer is None:
+        vocab_size = VOCAB_SIZE
+    index = prepare(args.data, args.out, vocab_size=vocab_size, tokenizer=args.tokenizer,
+                    val_fraction=args.val_fraction, workers=args.workers, seed=args.seed,
+                    progress=not args.no_progress)
+    tokens = index["tokens"]
+    print(f"prepared {args.out}: {tokens['train']:,} training and {tokens['val']:,} "
+          f"validation tokens ({index['dtype']}) from {index['bytes']:,} bytes of "
+          f"{len(index['sources'])} file{'s' * (len(index['sources']) > 1)}, "
+          f"{index['vocab_size']} tokens in the vocabulary")
+    return 0

@@ -1,0 +1,159 @@
+"""``minitransformer prepare`` and ``train --data DATA_DIR`` (issue 31): a prepared directory
+trains from memory maps, resumes bit for bit, two torchrun processes equal one, and every
+mistake is one line on stderr with exit status 2."""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from minitransformer.cli import main  # noqa: E402
+from minitransformer.token_files import TokenFiles  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+DATA = Path(__file__).resolve().parent / "data"
+TINY = ["--batch-size", "8", "--context-length", "16", "--num-layers", "2", "--num-heads", "2",
+        "--d-model", "32", "--lr", "1e-2", "--eval-every", "10", "--no-progress", "--device",
+        "cpu", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(*argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main([str(a) for a in argv])
+    return status, out.getvalue(), err.getvalue()
+
+
+def weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    text = tmp_path_factory.mktemp("text") / "text.txt"
+    text.write_bytes((ROOT / "book" / "data" / "corpus.txt").read_bytes()[:20000]
+                     + (DATA / "multilingual.txt").read_bytes())
+    out = tmp_path_factory.mktemp("prepared") / "data"
+    status, stdout, stderr = run("prepare", "--data", text, "--out", out, "--vocab-size", "300",
+                                 "--workers", "2", "--no-progress")
+    assert status == 0, stderr
+    assert stdout.startswith(f"prepared {out}: ") and "(uint16)" in stdout
+    return out
+
+
+def test_train_on_a_prepared_directory(prepared, tmp_path):
+    out = tmp_path / "run"
+    status, stdout, stderr = run("train", "--data", prepared, "--out", out, "--steps", "10",
+                                 *TINY)
+    assert status == 0, stderr
+    files = TokenFiles(prepared)
+    assert f"on {len(files.train):,} tokens ({len(files.val):,} held out)" in stdout
+    assert (out / "vocab.json").read_bytes() == (prepared / "vocab.json").read_bytes()
+    assert "val loss" in stdout
+
+
+def saved_step(out: Path) -> int:
+    try:
+        return json.loads((out / "trainer_state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_sigkill_then_resume_on_a_prepared_directory_is_bit_identical(prepared, tmp_path):
+    flags = ["--data", prepared, "--steps", "150", *TINY, "--dropout", "0.1"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert run("train", "--out", straight, *flags, "--save-every", "150")[0] == 0
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minitransformer", "train", "--out", str(killed),
+         *map(str, flags), "--save-every", "5"],
+        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 120
+    while saved_step(killed) < 5 and process.poll() is None and time.monotonic() < end:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    step = saved_step(killed)
+    assert 5 <= step < 150, "the run ended before it could be killed"
+    status, stdout, stderr = run("train", "--out", killed, *flags, "--save-every", "5",
+                                 "--resume")
+    assert status == 0, stderr
+    assert f"resuming from step {step}" in stdout
+    a, b = weights(straight), weights(killed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_torchrun_two_processes_equal_one_on_a_prepared_directory(prepared, tmp_path):
+    flags = ["--data", prepared, "--steps", "10", *TINY]
+    one = tmp_path / "one"
+    assert run("train", "--out", one, *flags)[0] == 0
+    two = tmp_path / "two"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "minitransformer", "train", "--out", str(two), *map(str, flags)],
+        capture_output=True, text=True, timeout=300,
+        env=ENV)
+    assert result.returncode == 0, result.stderr[-2000:]
+    a, b = weights(one), weights(two)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-4
+
+
+def test_every_mistake_is_one_line(prepared, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"good text\n" * 10 + b"\xff")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    half = tmp_path / "half"
+    shutil.copytree(prepared, half)
+    (half / "prepare.partial").write_text("")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("hello")
+    cases = {
+        "not UTF-8": (["prepare", "--data", bad, "--out", tmp_path / "o1"],
+                      f"{bad} is not UTF-8 text: invalid start byte at byte 100"),
+        "empty": (["prepare", "--data", empty, "--out", tmp_path / "o2"], "the input is empty"),
+        "missing": (["prepare", "--data", tmp_path / "nope", "--out", tmp_path / "o3"],
+                    "no such file or directory"),
+        "both": (["prepare", "--data", empty, "--out", tmp_path / "o4", "--vocab-size", "300",
+                  "--tokenizer", prepared], "not allowed with argument"),
+        "complete": (["prepare", "--data", DATA / "german.txt", "--out", prepared],
+                     "already holds a prepared directory"),
+        "half-written": (["train", "--data", half, "--out", tmp_path / "r1", *TINY],
+                         "is half-written"),
+        "not prepared": (["train", "--data", plain, "--out", tmp_path / "r2", *TINY],
+                         "is not a prepared directory: no index.json"),
+        "vocab": (["train", "--data", prepared, "--out", tmp_path / "r3", *TINY,
+                   "--vocab-size", "400"], "--vocab-size 400 differs from the 300 tokens"),
+        "context": (["train", "--data", prepared, "--out", tmp_path / "r4", *TINY,
+                     "--context-length", "100000"], "too few for a window"),
+        "fraction": (["prepare", "--data", DATA / "german.txt", "--out", tmp_path / "o5",
+                   "--val-fraction", "1.5"], "val_fraction must be below 1"),
+    }
+    for name, (argv, expected) in cases.items():
+        status, stdout, stderr = run(*argv)
+        assert status == 2, name
+        assert stderr.startswith("minitransformer") and stderr.count("\n") == 1, (name, stderr)
+        assert expected in stderr, (name, stderr)
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "r1").exists()
+    assert (plain / "notes.txt").read_text() == "hello"

@@ -39,17 +39,25 @@ def available_devices() -> list[str]:
 
 @pytest.fixture(params=available_devices())
 def device(request) -> torch.device:
-    """The device a test runs on. On CUDA, TF32 matmuls are off for the test's duration: the tests
-    compare with references at float32's tolerances, which TF32's 10-bit mantissa would miss."""
+    """The device a test runs on.
+
+    On CUDA, for the test's duration: TF32 matmuls off (the tests compare with references at
+    float32's tolerances, which TF32's 10-bit mantissa would miss), and attention through
+    scaled_dot_product_attention's math kernel, which computes what the CPU computes (the fused
+    flash and memory-efficient kernels reorder the sums, so two paths the tests hold bit-for-bit
+    equal could differ in the last bit)."""
     device = torch.device(request.param)
     if device.type == "cuda" and not torch.cuda.is_available():
         pytest.fail(f"{TEST_DEVICES_VAR} asks for {request.param!r} but PyTorch sees no GPU")
     if device.type != "cuda":
         yield device
         return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        yield device
+        with sdpa_kernel(SDPBackend.MATH):
+            yield device
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

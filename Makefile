@@ -5,12 +5,14 @@ BIN    := $(VENV)/bin
 # Written after a successful install; older than requirements.txt or pyproject.toml means reinstall.
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test unit bench lab execute clean help corpus
+.PHONY: book test unit bench lab execute clean help corpus test-gpu gpu-wheels
 
 help:
 	@echo "make book     build the HTML book into _build/html (creates .venv on first use)"
 	@echo "make test     unit tests, every chapter under nbval, the book build (-W) and the browser test"
 	@echo "make unit     the package's unit tests only (no book build, no notebooks, no browser)"
+	@echo "make test-gpu the unit tests on CUDA, then every chapter under nbval on CUDA (no browser)"
+	@echo "make gpu-wheels  download the wheels tools/gpu_check.sh installs on a GPU machine offline"
 	@echo "make bench    run every benchmark in benchmarks/ and print its ratios against PyTorch"
 	@echo "make lab      open the notebooks in JupyterLab with minitransformer importable"
 	@echo "make execute  re-execute every chapter in place (after a package change)"
@@ -36,6 +38,32 @@ BOOK_TESTS := tests/test_book_pages.py tests/test_api_page.py
 unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL) tests/ \
 		$(addprefix --ignore=,$(BOOK_TESTS)) -q
+
+# On a GPU (README, "On a GPU"). The tests that take the `device` fixture run on DEVICE only (the
+# others on the CPU, as always), then every chapter runs under nbval with MINITRANSFORMER_DEVICE.
+# No book build and no browser. DEVICE=cpu runs the same steps on a machine without a GPU.
+# tools/gpu_check.sh calls this with TEST_PYTHON=python3 (the GPU image's own PyTorch): then
+# nothing is installed into .venv.
+DEVICE      ?= cuda
+TEST_PYTHON ?= $(BIN)/python
+GPU_WORKERS ?= 2
+BROWSER_TESTS := tests/test_jupyterlab.py $(BOOK_TESTS)
+test-gpu: $(if $(filter $(BIN)/python,$(TEST_PYTHON)),$(STAMP))
+	MINITRANSFORMER_TEST_DEVICES=$(DEVICE) OMP_NUM_THREADS=1 $(TEST_PYTHON) -m pytest \
+		-n $(GPU_WORKERS) --dist loadscope tests/ $(addprefix --ignore=,$(BROWSER_TESTS)) -q
+	MINITRANSFORMER_DEVICE=$(DEVICE) OMP_NUM_THREADS=1 $(TEST_PYTHON) -m pytest \
+		-n $(GPU_WORKERS) --dist loadscope book/ -q
+
+# The packages tools/gpu_check.sh installs where they are missing, as wheels for Python 3.12 on
+# x86-64 Linux (a GPU machine has no network). Never torch: the machine's own is used.
+GPU_WHEELS := nbval ipykernel jupyter_client nbformat pytest-xdist hypothesis cloudpickle regex \
+	safetensors tqdm
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --only-binary=:all: --python-version 3.12 \
+		--implementation cp --abi cp312 --abi abi3 --abi none --platform any \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux_2_28_x86_64 -d tools/wheels $(GPU_WHEELS)
+	du -sh tools/wheels
 
 # Timings are only meaningful on a quiet machine: the load is printed first.
 bench: $(STAMP)

@@ -1,7 +1,8 @@
 """How much faster is generation with a KV cache? (chapter 11)
 
 Run from the repository root:  .venv/bin/python benchmarks/kv_cache.py [--threads 2] [--repeats 3]
-(`make bench` runs it with the other benchmarks.)
+    [--device cpu] [--json FILE]
+(`make bench` runs it with the other benchmarks; tools/gpu_check.sh with --device cuda.)
 
 A randomly initialised GPT (vocab 256, d_model 128, 4 layers, 4 heads, context_length 1024, float32,
 CPU) continues a 4-token prompt greedily with ``generate(..., use_cache=True)`` and
@@ -25,11 +26,16 @@ one untimed warm-up each; the speed-up is the median of the per-repeat ratios, w
 other programs slowing the machine down for a while. Targets (issue 12), at 2 threads: >= 3.5x at
 256 new tokens, >= 7x at 512, and last-64 / first-64 <= 1.5; printed on the last lines. Timings on
 a busy machine mean little: the load average is printed first.
+
+``--device cuda`` runs it all on a GPU (TF32 off, and each timing waits for the GPU); threads then
+mean nothing and the 1-thread pass is left out. The targets were set for the CPU. ``--json FILE``
+also writes the figures as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -49,11 +55,20 @@ PROMPT_LENGTH = 4
 NEW_TOKENS = (64, 256, 512, 1000)
 TARGETS = {256: 3.5, 512: 7.0}
 FLAT_WINDOW, FLAT_TARGET = 64, 1.5
+DEVICE = torch.device("cpu")        # --device
+
+
+def _wait() -> None:
+    """A GPU runs what it is given in the background: wait for it before reading the clock."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def _time(model: nn.Module, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> float:
+    _wait()
     start = time.perf_counter()
     generate(model, prompt, new_tokens, use_cache=use_cache, temperature=0)
+    _wait()
     return time.perf_counter() - start
 
 
@@ -85,9 +100,11 @@ def per_token_times(model: GPT, prompt: torch.Tensor, new_tokens: int) -> list[f
     logits = step(prompt, cache)
     times = []
     for _ in range(new_tokens):
+        _wait()
         start = time.perf_counter()
         next_id = sample_next(logits[:, -1], temperature=0)
         logits = step(next_id[:, None], cache)
+        _wait()
         times.append(time.perf_counter() - start)
     return times
 
@@ -98,13 +115,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per length")
     parser.add_argument("--new-tokens", type=int, nargs="+", default=list(NEW_TOKENS),
                         help="lengths to time (default 64 256 512 1000; 256 and 512 always)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    parser.add_argument("--json", help="also write the figures to this file, as JSON")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False       # float32 means float32 on a GPU too
     lengths = sorted(set(args.new_tokens) | set(TARGETS))
     _ = torch.manual_seed(0)
-    model = GPT(CONFIG).eval()
-    prompt = torch.randint(0, CONFIG.vocab_size, (1, PROMPT_LENGTH))
+    model = GPT(CONFIG).eval().to(DEVICE)
+    prompt = torch.randint(0, CONFIG.vocab_size, (1, PROMPT_LENGTH)).to(DEVICE)
+    where = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "CPU"
 
-    print(f"torch {torch.__version__}, float32, CPU, GPT vocab {CONFIG.vocab_size}, d_model "
+    print(f"torch {torch.__version__}, float32, {where}, GPT vocab {CONFIG.vocab_size}, d_model "
           f"{CONFIG.d_model}, {CONFIG.num_layers} layers, {CONFIG.num_heads} heads, context "
           f"{CONFIG.context_length}, {PROMPT_LENGTH}-token prompt, greedy, {args.repeats} "
           f"interleaved repeats, load average {os.getloadavg()[0]:.2f}")
@@ -121,7 +144,7 @@ def main() -> None:
                  f"ms/token; last / first (totals) {flat:.2f} (target <= {FLAT_TARGET}: "
                  f"{flat <= FLAT_TARGET})")
     ratios: dict[int, dict[int, float]] = {}
-    for threads in dict.fromkeys([args.threads, 1]):
+    for threads in dict.fromkeys([args.threads] + ([1] if DEVICE.type == "cpu" else [])):
         torch.set_num_threads(threads)
         generate(model, prompt, 16, use_cache=True, temperature=0)       # warm-up
         generate(model, prompt, 16, use_cache=False, temperature=0)
@@ -134,10 +157,17 @@ def main() -> None:
     print(flat_line)
     main_ratios = ratios[args.threads]
     for new_tokens, target in TARGETS.items():
+        one = f"; 1 thread: {ratios[1][new_tokens]:.2f}x" if 1 in ratios else ""
         print(f"speed-up at {new_tokens} new tokens, {args.threads} threads: "
               f"{main_ratios[new_tokens]:.2f}x (target >= {target}x: "
-              f"{main_ratios[new_tokens] >= target}); 1 thread: {ratios[1][new_tokens]:.2f}x")
-    llama(prompt, args.threads, args.repeats)
+              f"{main_ratios[new_tokens] >= target}){one}")
+    llama_figures = llama(prompt, args.threads, args.repeats)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump({"device": where, "threads": args.threads,
+                       "speed_up": {str(t): {str(n): round(r, 2) for n, r in by.items()}
+                                    for t, by in ratios.items()},
+                       "last_over_first_64": round(flat, 2), **llama_figures}, file, indent=1)
 
 
 def cache_bytes(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> int:
@@ -149,10 +179,10 @@ def cache_bytes(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> int:
     return cache.nbytes
 
 
-def llama(prompt: torch.Tensor, threads: int, repeats: int) -> None:
+def llama(prompt: torch.Tensor, threads: int, repeats: int) -> dict:
     """The Llama's cached speed-up at ``LLAMA_TOKENS`` new tokens, and its cache's bytes."""
     _ = torch.manual_seed(0)
-    model = Llama(LLAMA_CONFIG).eval()
+    model = Llama(LLAMA_CONFIG).eval().to(DEVICE)
     c = LLAMA_CONFIG
     print(f"Llama of the same size: {c.num_heads} query heads, {c.num_kv_heads} KV heads, "
           f"d_ff {c.d_ff}, untied head, load average {os.getloadavg()[0]:.2f}")
@@ -162,11 +192,13 @@ def llama(prompt: torch.Tensor, threads: int, repeats: int) -> None:
     cached, uncached, ratio = speed_up(model, prompt, LLAMA_TOKENS, repeats)
     print(f"{threads:>7}{LLAMA_TOKENS:>12}{cached:>12.3f}{uncached:>14.3f}"
           f"{cached / LLAMA_TOKENS * 1e3:>17.2f}{ratio:>9.2f}x", flush=True)
-    gpt_bytes = cache_bytes(GPT(CONFIG).eval(), prompt, LLAMA_TOKENS)
+    gpt_bytes = cache_bytes(GPT(CONFIG).eval().to(DEVICE), prompt, LLAMA_TOKENS)
     llama_bytes = cache_bytes(model, prompt, LLAMA_TOKENS)
     print(f"Llama cached speed-up at {LLAMA_TOKENS} new tokens, {threads} threads: "
           f"{ratio:.2f}x; its cache holds {llama_bytes:,} bytes, the GPT's {gpt_bytes:,} "
           f"({gpt_bytes / llama_bytes:.1f}x: {c.num_heads} heads / {c.num_kv_heads} KV heads)")
+    return {"llama_speed_up_512": round(ratio, 2), "llama_cache_bytes": llama_bytes,
+            "gpt_cache_bytes": gpt_bytes}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Test-wide settings.
+"""Test-wide settings: Hypothesis's profiles, and the devices a test runs on.
 
 Hypothesis draws new random examples on every run by default. In CI (CI=true) the examples are
 derandomized, so a run's verdict depends only on the code; run locally without CI to keep exploring.
@@ -6,6 +6,8 @@ derandomized, so a run's verdict depends only on the code; run locally without C
 
 import os
 
+import pytest
+import torch
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
@@ -13,3 +15,49 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 settings.register_profile("thorough", max_examples=2000, deadline=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+# --- devices --------------------------------------------------------------------------------------
+# A test that takes the `device` fixture runs once per device this machine has: on the CPU always,
+# and on CUDA as well when PyTorch sees a GPU. On a CPU-only machine the suite therefore collects
+# exactly the tests it always did, each with a "[cpu]" suffix. MINITRANSFORMER_TEST_DEVICES (for
+# example "cuda" or "cpu,cuda") chooses the devices by hand; `make test-gpu` uses it.
+
+# cuBLAS needs this set before its first call to be deterministic; harmless on the CPU.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+TEST_DEVICES_VAR = "MINITRANSFORMER_TEST_DEVICES"
+
+
+def available_devices() -> list[str]:
+    """The devices the `device` fixture runs on, as strings ("cpu", "cuda")."""
+    chosen = os.environ.get(TEST_DEVICES_VAR, "").strip()
+    if chosen:
+        return [name.strip() for name in chosen.split(",") if name.strip()]
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+@pytest.fixture(params=available_devices())
+def device(request) -> torch.device:
+    """The device a test runs on.
+
+    On CUDA, for the test's duration: TF32 matmuls off (the tests compare with references at
+    float32's tolerances, which TF32's 10-bit mantissa would miss), and attention through
+    scaled_dot_product_attention's math kernel, which computes what the CPU computes (the fused
+    flash and memory-efficient kernels reorder the sums, so two paths the tests hold bit-for-bit
+    equal could differ in the last bit)."""
+    device = torch.device(request.param)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        pytest.fail(f"{TEST_DEVICES_VAR} asks for {request.param!r} but PyTorch sees no GPU")
+    if device.type != "cuda":
+        yield device
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield device
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -27,18 +27,19 @@ def close(actual, expected, dtype):
     torch.testing.assert_close(actual, expected, **TOLERANCES[dtype])
 
 
-def random_qkv(batch, L, S, E, Ev, dtype, seed=0):
+def random_qkv(batch, L, S, E, Ev, dtype, seed=0, device="cpu"):
+    """Drawn on the CPU, then moved: the same numbers on every device."""
     generator = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(*batch, n, e, generator=generator, dtype=dtype)
+    return tuple(torch.randn(*batch, n, e, generator=generator, dtype=dtype).to(device)
                  for n, e in ((L, E), (S, E), (S, Ev)))
 
 
-def random_bool_mask(shape, seed=0):
+def random_bool_mask(shape, seed=0, device="cpu"):
     """A random boolean mask in which every query row keeps at least one key."""
     generator = torch.Generator().manual_seed(seed)
     mask = torch.rand(*shape, generator=generator) < 0.6
     mask[..., 0] = True
-    return mask
+    return mask.to(device)
 
 
 # --- scaled_dot_product_attention against F.scaled_dot_product_attention --------------------
@@ -56,16 +57,16 @@ SHAPES = [  # (batch dims, L, S, E, Ev)
 
 @DTYPES
 @pytest.mark.parametrize("batch, L, S, E, Ev", SHAPES)
-def test_sdpa_equals_pytorch_without_mask(batch, L, S, E, Ev, dtype):
-    q, k, v = random_qkv(batch, L, S, E, Ev, dtype)
+def test_sdpa_equals_pytorch_without_mask(batch, L, S, E, Ev, dtype, device):
+    q, k, v = random_qkv(batch, L, S, E, Ev, dtype, device=device)
     close(scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v), dtype)
 
 
 @DTYPES
 @pytest.mark.parametrize("batch, L, S, E, Ev", SHAPES)
-def test_sdpa_equals_pytorch_with_boolean_mask(batch, L, S, E, Ev, dtype):
-    q, k, v = random_qkv(batch, L, S, E, Ev, dtype, seed=1)
-    mask = random_bool_mask((*batch, L, S), seed=2)
+def test_sdpa_equals_pytorch_with_boolean_mask(batch, L, S, E, Ev, dtype, device):
+    q, k, v = random_qkv(batch, L, S, E, Ev, dtype, seed=1, device=device)
+    mask = random_bool_mask((*batch, L, S), seed=2, device=device)
     close(scaled_dot_product_attention(q, k, v, mask),
           F.scaled_dot_product_attention(q, k, v, mask), dtype)
 
@@ -105,18 +106,19 @@ def test_sdpa_values_with_more_batch_dimensions_than_the_scores(L, recwarn):
 
 @DTYPES
 @pytest.mark.parametrize("L, S", [(5, 5), (3, 8), (QUERY_BLOCK + 10, QUERY_BLOCK + 30)])
-def test_sdpa_with_lower_right_causal_mask_equals_pytorch(L, S, dtype):
-    q, k, v = random_qkv((2, 2), L, S, 8, 8, dtype, seed=7)
-    close(scaled_dot_product_attention(q, k, v, causal_mask(L, S)),
-          F.scaled_dot_product_attention(q, k, v, causal_mask(L, S)), dtype)
+def test_sdpa_with_lower_right_causal_mask_equals_pytorch(L, S, dtype, device):
+    q, k, v = random_qkv((2, 2), L, S, 8, 8, dtype, seed=7, device=device)
+    mask = causal_mask(L, S, device=device)
+    close(scaled_dot_product_attention(q, k, v, mask),
+          F.scaled_dot_product_attention(q, k, v, mask), dtype)
     if L == S:  # PyTorch's is_causal is the same mask when the lengths agree
-        close(scaled_dot_product_attention(q, k, v, causal_mask(L)),
+        close(scaled_dot_product_attention(q, k, v, causal_mask(L, device=device)),
               F.scaled_dot_product_attention(q, k, v, is_causal=True), dtype)
 
 
-def test_sdpa_gradients_equal_pytorch():
-    q, k, v = random_qkv((2, 2), QUERY_BLOCK + 5, 11, 8, 4, torch.float64, seed=8)
-    mask = random_bool_mask((QUERY_BLOCK + 5, 11), seed=9)
+def test_sdpa_gradients_equal_pytorch(device):
+    q, k, v = random_qkv((2, 2), QUERY_BLOCK + 5, 11, 8, 4, torch.float64, seed=8, device=device)
+    mask = random_bool_mask((QUERY_BLOCK + 5, 11), seed=9, device=device)
     grads = []
     for attend in (scaled_dot_product_attention, F.scaled_dot_product_attention):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -261,14 +263,15 @@ def test_sdpa_rejects_bad_inputs():
 D_MODEL, HEADS = 16, 4
 
 
-def torch_and_ours(dtype, bias=True, seed=0):
+def torch_and_ours(dtype, bias=True, seed=0, device="cpu"):
+    """Both modules made on the CPU, then moved: the same weights on every device."""
     _ = torch.manual_seed(seed)
     theirs = nn.MultiheadAttention(D_MODEL, HEADS, bias=bias, batch_first=True, dtype=dtype).eval()
     if bias:  # PyTorch starts its biases at zero; random ones test that they are copied
         with torch.no_grad():
             theirs.in_proj_bias.normal_()
             theirs.out_proj.bias.normal_()
-    return theirs, MultiHeadAttention.from_torch(theirs)
+    return theirs.to(device), MultiHeadAttention.from_torch(theirs).to(device)
 
 
 def check_both_paths(ours, theirs, dtype, ours_args, ours_kwargs, theirs_args, theirs_kwargs):
@@ -282,27 +285,27 @@ def check_both_paths(ours, theirs, dtype, ours_args, ours_kwargs, theirs_args, t
 
 @DTYPES
 @pytest.mark.parametrize("bias", [True, False])
-def test_mha_self_attention_equals_pytorch(dtype, bias):
-    theirs, ours = torch_and_ours(dtype, bias)
-    x = torch.randn(3, 7, D_MODEL, dtype=dtype)
+def test_mha_self_attention_equals_pytorch(dtype, bias, device):
+    theirs, ours = torch_and_ours(dtype, bias, device=device)
+    x = torch.randn(3, 7, D_MODEL, dtype=dtype).to(device)
     check_both_paths(ours, theirs, dtype, (x,), {}, (x, x, x), {})
 
 
 @DTYPES
-def test_mha_causal_self_attention_equals_pytorch(dtype):
-    theirs, ours = torch_and_ours(dtype, seed=1)
-    x = torch.randn(2, 6, D_MODEL, dtype=dtype)
-    mask = causal_mask(6)
+def test_mha_causal_self_attention_equals_pytorch(dtype, device):
+    theirs, ours = torch_and_ours(dtype, seed=1, device=device)
+    x = torch.randn(2, 6, D_MODEL, dtype=dtype).to(device)
+    mask = causal_mask(6, device=device)
     # nn.MultiheadAttention's masks mean the opposite: True = masked.
     check_both_paths(ours, theirs, dtype, (x,), {"attn_mask": mask}, (x, x, x), {"attn_mask": ~mask})
 
 
 @DTYPES
-def test_mha_cross_attention_with_padding_equals_pytorch(dtype):
-    theirs, ours = torch_and_ours(dtype, seed=2)
-    query = torch.randn(2, 3, D_MODEL, dtype=dtype)
-    memory = torch.randn(2, 5, D_MODEL, dtype=dtype)
-    tokens = torch.tensor([[4, 8, 15, 0, 0], [16, 23, 42, 7, 0]])
+def test_mha_cross_attention_with_padding_equals_pytorch(dtype, device):
+    theirs, ours = torch_and_ours(dtype, seed=2, device=device)
+    query = torch.randn(2, 3, D_MODEL, dtype=dtype).to(device)
+    memory = torch.randn(2, 5, D_MODEL, dtype=dtype).to(device)
+    tokens = torch.tensor([[4, 8, 15, 0, 0], [16, 23, 42, 7, 0]], device=device)
     check_both_paths(ours, theirs, dtype, (query, memory, memory), {"attn_mask": padding_mask(tokens, 0)},
                      (query, memory, memory), {"key_padding_mask": tokens == 0})
 
@@ -470,12 +473,13 @@ def test_from_torch_rejects_what_it_cannot_copy():
 
 @pytest.mark.parametrize("batch, L, S, E, Ev", SHAPES)
 @pytest.mark.parametrize("query_block", [1, 7, QUERY_BLOCK])
-def test_blocked_attention_equals_pytorch_in_float64(batch, L, S, E, Ev, query_block):
-    q, k, v = random_qkv(batch, L, S, E, Ev, torch.float64, seed=20)
-    mask = random_bool_mask((*batch, L, S), seed=21)
-    bias = torch.zeros(L, S, dtype=torch.float64).masked_fill(~random_bool_mask((L, S), 22),
-                                                              float("-inf"))
-    for attn_mask in (None, mask, bias, causal_mask(min(L, S), S)[-1:].expand(L, S)):
+def test_blocked_attention_equals_pytorch_in_float64(batch, L, S, E, Ev, query_block, device):
+    q, k, v = random_qkv(batch, L, S, E, Ev, torch.float64, seed=20, device=device)
+    mask = random_bool_mask((*batch, L, S), seed=21, device=device)
+    bias = torch.zeros(L, S, dtype=torch.float64, device=device).masked_fill(
+        ~random_bool_mask((L, S), 22, device=device), float("-inf"))
+    last_row = causal_mask(min(L, S), S, device=device)[-1:].expand(L, S)
+    for attn_mask in (None, mask, bias, last_row):
         for scale in (None, 0.3):
             close(blocked_attention(q, k, v, attn_mask, scale=scale, query_block=query_block),
                   F.scaled_dot_product_attention(q, k, v, attn_mask, scale=scale), torch.float64)

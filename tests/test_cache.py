@@ -11,17 +11,20 @@ from torch import nn
 from minitransformer.cache import KVCache
 
 
-def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32,
+          device: torch.device | str = "cpu") -> torch.Tensor:
+    """Drawn on the CPU, then moved: the same numbers on every device."""
+    return torch.randn(*shape, dtype=dtype,
+                       generator=torch.Generator().manual_seed(seed)).to(device)
 
 
 # --- the cache object ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("max_len", [None, 16])
-def test_update_appends_and_returns_everything_held(max_len):
+def test_update_appends_and_returns_everything_held(max_len, device):
     cache = KVCache(2, max_len=max_len)
-    k1, v1 = randn(2, 3, 4, 5, seed=1), randn(2, 3, 4, 5, seed=2)
-    k2, v2 = randn(2, 3, 1, 5, seed=3), randn(2, 3, 1, 5, seed=4)
+    k1, v1 = randn(2, 3, 4, 5, seed=1, device=device), randn(2, 3, 4, 5, seed=2, device=device)
+    k2, v2 = randn(2, 3, 1, 5, seed=3, device=device), randn(2, 3, 1, 5, seed=4, device=device)
     keys, values = cache.update(0, k1, v1)
     assert torch.equal(keys, k1) and torch.equal(values, v1)
     assert cache.seq_len == 4
@@ -45,10 +48,10 @@ def test_the_cache_keeps_copies_not_the_callers_tensors(max_len):
     assert cache.keys[0][:, :, :3].abs().sum() > 0 and cache.values[0][:, :, :3].abs().sum() > 0
 
 
-def test_storage_is_allocated_on_the_first_update_with_max_len():
+def test_storage_is_allocated_on_the_first_update_with_max_len(device):
     cache = KVCache(3, max_len=10)
     assert cache.keys == [None] * 3 and cache.nbytes == 0
-    key = randn(2, 4, 1, 8, dtype=torch.float64)
+    key = randn(2, 4, 1, 8, dtype=torch.float64, device=device)
     cache.update(0, key, key)
     assert cache.keys[0].shape == (2, 4, 10, 8)
     assert cache.keys[0].dtype == torch.float64 and cache.keys[0].device == key.device
@@ -169,12 +172,12 @@ from minitransformer import (  # noqa: E402
 
 @pytest.mark.parametrize("num_heads", [1, 2, 4])
 @pytest.mark.parametrize("max_len", [None, 12])
-def test_attend_one_position_at_a_time_equals_the_masked_full_pass(num_heads, max_len):
+def test_attend_one_position_at_a_time_equals_the_masked_full_pass(num_heads, max_len, device):
     torch.manual_seed(0)
-    attention = MultiHeadAttention(16, num_heads).eval()
-    x = randn(2, 9, 16, seed=5)
+    attention = MultiHeadAttention(16, num_heads).eval().to(device)
+    x = randn(2, 9, 16, seed=5, device=device)
     with torch.no_grad():
-        full = attention(x, attn_mask=causal_mask(9))
+        full = attention(x, attn_mask=causal_mask(9, device=device))
         cache = KVCache(1, max_len=max_len)
         steps = [attention.attend(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], kv_cache=cache,
                                   layer_idx=0) for t in range(9)]
@@ -198,19 +201,19 @@ def test_multi_head_attention_forward_checks_the_mask_against_the_cached_length(
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_encoder_and_decoder_layers_pass_the_cache_to_their_self_attention(norm_first):
+def test_encoder_and_decoder_layers_pass_the_cache_to_their_self_attention(norm_first, device):
     torch.manual_seed(0)
-    encoder = EncoderLayer(16, 2, 32, norm_first=norm_first).eval()
-    decoder = DecoderLayer(16, 2, 32, norm_first=norm_first).eval()
-    x, memory = randn(2, 7, 16, seed=1), randn(2, 4, 16, seed=2)
+    encoder = EncoderLayer(16, 2, 32, norm_first=norm_first).eval().to(device)
+    decoder = DecoderLayer(16, 2, 32, norm_first=norm_first).eval().to(device)
+    x, memory = randn(2, 7, 16, seed=1, device=device), randn(2, 4, 16, seed=2, device=device)
     with torch.no_grad():
-        full_encoder = encoder(x, attn_mask=causal_mask(7))
-        full_decoder = decoder(x, memory, tgt_mask=causal_mask(7))
+        full_encoder = encoder(x, attn_mask=causal_mask(7, device=device))
+        full_decoder = decoder(x, memory, tgt_mask=causal_mask(7, device=device))
         encoder_cache, decoder_cache = KVCache(1), KVCache(1, max_len=7)
         chunks = [(0, 3), (3, 4), (4, 7)]
-        encoded = [encoder(x[:, a:b], attn_mask=causal_mask(b - a, b), kv_cache=encoder_cache,
-                           layer_idx=0) for a, b in chunks]
-        decoded = [decoder(x[:, a:b], memory, tgt_mask=causal_mask(b - a, b),
+        encoded = [encoder(x[:, a:b], attn_mask=causal_mask(b - a, b, device=device),
+                           kv_cache=encoder_cache, layer_idx=0) for a, b in chunks]
+        decoded = [decoder(x[:, a:b], memory, tgt_mask=causal_mask(b - a, b, device=device),
                            kv_cache=decoder_cache, layer_idx=0) for a, b in chunks]
     torch.testing.assert_close(torch.cat(encoded, dim=1), full_encoder, rtol=0, atol=1e-5)
     torch.testing.assert_close(torch.cat(decoded, dim=1), full_decoder, rtol=0, atol=1e-5)
@@ -220,11 +223,12 @@ def test_encoder_and_decoder_layers_pass_the_cache_to_their_self_attention(norm_
 
 # --- the GPT with the cache ---------------------------------------------------------------------
 
-def gpt(positional="learned", num_heads=2, context_length=24, seed=0):
+def gpt(positional="learned", num_heads=2, context_length=24, seed=0, device="cpu"):
+    """Initialised on the CPU, then moved: the same weights on every device."""
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size=13, context_length=context_length, num_layers=2,
                        num_heads=num_heads, d_model=16, positional=positional)
-    return GPT(config).eval()
+    return GPT(config).eval().to(device)
 
 
 def cached_logits(model, idx, chunk, max_len=None):
@@ -242,11 +246,12 @@ TOKENS = torch.randint(13, (3, 24), generator=torch.Generator().manual_seed(7))
 @pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
 @pytest.mark.parametrize("num_heads", [1, 2, 4])
 @pytest.mark.parametrize("chunk, max_len", [(1, None), (1, 24), (3, None), (5, 30), (24, None)])
-def test_stepwise_and_chunked_logits_equal_the_full_pass(positional, num_heads, chunk, max_len):
-    model = gpt(positional, num_heads)
+def test_stepwise_and_chunked_logits_equal_the_full_pass(positional, num_heads, chunk, max_len,
+                                                         device):
+    model, tokens = gpt(positional, num_heads, device=device), TOKENS.to(device)
     with torch.no_grad():
-        full, _ = model(TOKENS)
-    torch.testing.assert_close(cached_logits(model, TOKENS, chunk, max_len), full, rtol=0,
+        full, _ = model(tokens)
+    torch.testing.assert_close(cached_logits(model, tokens, chunk, max_len), full, rtol=0,
                                atol=1e-5)
 
 
@@ -254,15 +259,15 @@ def test_stepwise_and_chunked_logits_equal_the_full_pass(positional, num_heads, 
 @pytest.mark.parametrize("num_heads", [1, 2, 4])
 @pytest.mark.parametrize("chunk, max_len", [(1, None), (1, 24), (5, 30)])
 def test_decode_step_computes_what_forward_computes_with_the_cache(positional, num_heads, chunk,
-                                                                   max_len):
-    model = gpt(positional, num_heads)
+                                                                   max_len, device):
+    model, tokens = gpt(positional, num_heads, device=device), TOKENS.to(device)
     cache = KVCache(model.config.num_layers, max_len=max_len)
     with torch.no_grad():
-        fast = torch.cat([model.decode_step(TOKENS[:, s:s + chunk], cache)
-                          for s in range(0, TOKENS.shape[1], chunk)], dim=1)
-    assert cache.seq_len == TOKENS.shape[1]
+        fast = torch.cat([model.decode_step(tokens[:, s:s + chunk], cache)
+                          for s in range(0, tokens.shape[1], chunk)], dim=1)
+    assert cache.seq_len == tokens.shape[1]
     # the same operations on the same weights: the same numbers, bit for bit
-    assert torch.equal(fast, cached_logits(model, TOKENS, chunk, max_len))
+    assert torch.equal(fast, cached_logits(model, tokens, chunk, max_len))
 
 
 def test_decode_step_applies_no_dropout_even_in_training_mode():
@@ -509,14 +514,15 @@ def test_negative_controls_the_two_classic_mistakes_differ(positional, chunk):
 
 
 @pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
-def test_generation_is_identical_with_and_without_the_cache(positional):
-    model = gpt(positional, context_length=64)
-    prompt = TOKENS[:, :5]
+def test_generation_is_identical_with_and_without_the_cache(positional, device):
+    model = gpt(positional, context_length=64, device=device)
+    prompt = TOKENS[:, :5].to(device)
     greedy = [generate(model, prompt, 40, use_cache=use, temperature=0) for use in (True, False)]
     assert torch.equal(*greedy)
     for top_k in (None, 4):
         sampled = [generate(model, prompt, 40, use_cache=use, temperature=1.3, top_k=top_k,
-                            generator=torch.Generator().manual_seed(11)) for use in (True, False)]
+                            generator=torch.Generator(device).manual_seed(11))
+                   for use in (True, False)]
         assert torch.equal(*sampled)
     # a one-token prompt, and a generation that fills the context exactly
     one = [generate(model, prompt[:, :1], 63, use_cache=use, temperature=0)
@@ -604,11 +610,11 @@ def test_a_decode_step_checks_once_and_builds_no_mask(monkeypatch):
 from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
 
 
-def seq2seq(seed=0):
+def seq2seq(seed=0, device="cpu"):
     torch.manual_seed(seed)
     config = Seq2SeqConfig(src_vocab_size=15, tgt_vocab_size=17, context_length=20, num_layers=2,
                            num_heads=2, d_model=16)
-    return Seq2Seq(config).eval()
+    return Seq2Seq(config).eval().to(device)
 
 
 SRC = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 11, 0, 0], [12, 0, 0, 0, 0]])
@@ -616,14 +622,15 @@ SRC = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 11, 0, 0], [12, 0, 0, 0, 0]])
 
 @pytest.mark.parametrize("cross_cached", [False, True])
 @pytest.mark.parametrize("chunk", [1, 3])
-def test_seq2seq_decoder_logits_through_the_cache_equal_the_full_pass(cross_cached, chunk):
-    model = seq2seq()
+def test_seq2seq_decoder_logits_through_the_cache_equal_the_full_pass(cross_cached, chunk,
+                                                                      device):
+    model, src = seq2seq(device=device), SRC.to(device)
     tgt_in = torch.cat([torch.ones(3, 1, dtype=torch.long),
                         torch.randint(3, 17, (3, 8), generator=torch.Generator().manual_seed(2))],
-                       dim=1)
+                       dim=1).to(device)
     with torch.no_grad():
-        full, _ = model(SRC, tgt_in)
-        source = model.read_source(SRC, use_cache=cross_cached)
+        full, _ = model(src, tgt_in)
+        source = model.read_source(src, use_cache=cross_cached)
         cache = KVCache(2)
         pieces = [model._decode(tgt_in[:, s:s + chunk], source.memory, source.mask,
                                 keys_values=source.keys_values, kv_cache=cache)
@@ -633,10 +640,10 @@ def test_seq2seq_decoder_logits_through_the_cache_equal_the_full_pass(cross_cach
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_seq2seq_translation_is_identical_with_and_without_the_cache(seed):
-    model = seq2seq(seed)
-    cached = model.translate(SRC, 19, use_cache=True)
-    uncached = model.translate(SRC, 19, use_cache=False)
+def test_seq2seq_translation_is_identical_with_and_without_the_cache(seed, device):
+    model, src = seq2seq(seed, device=device), SRC.to(device)
+    cached = model.translate(src, 19, use_cache=True)
+    uncached = model.translate(src, 19, use_cache=False)
     assert torch.equal(cached, uncached)
     assert cached.shape[1] > 2                      # it wrote something to compare
 

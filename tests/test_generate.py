@@ -1,5 +1,7 @@
 """sample_next (minitransformer.generation): greedy, temperature and top-k choice, chapter 5."""
 
+import copy
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -112,9 +114,9 @@ def test_a_tiny_temperature_is_nearly_greedy_not_an_overflow():
     assert ids.tolist() == [1, 0]
 
 
-def test_stays_on_the_logits_device_and_accepts_float64():
-    logits = FRANCE.double()
-    ids = sample_next(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+def test_stays_on_the_logits_device_and_accepts_float64(device):
+    logits = FRANCE.double().to(device)
+    ids = sample_next(logits, top_k=2, generator=torch.Generator(device).manual_seed(0))
     assert ids.dtype == torch.long and ids.device == logits.device and ids.item() in (0, 1)
 
 
@@ -139,21 +141,25 @@ def test_generate_appends_tokens_to_the_prompt(gpt):
     assert ((0 <= out) & (out < 9)).all()
 
 
-def test_temperature_zero_is_greedy(gpt):
-    out = generate(gpt, torch.tensor([[1, 2]]), 6, temperature=0)
-    idx = torch.tensor([[1, 2]])
+def test_temperature_zero_is_greedy(gpt, device):
+    gpt = copy.deepcopy(gpt).to(device)
+    out = generate(gpt, torch.tensor([[1, 2]], device=device), 6, temperature=0)
+    idx = torch.tensor([[1, 2]], device=device)
     for _ in range(6):  # the greedy loop written out
         logits, _ = gpt(idx)
         idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out, idx)
 
 
-def test_generate_repeats_with_a_seed_and_keeps_to_top_k(gpt):
-    prompt = torch.tensor([[3, 1]]).expand(50, 2)
-    first = generate(gpt, prompt, 4, temperature=2.0, generator=torch.Generator().manual_seed(1))
-    again = generate(gpt, prompt, 4, temperature=2.0, generator=torch.Generator().manual_seed(1))
+def test_generate_repeats_with_a_seed_and_keeps_to_top_k(gpt, device):
+    gpt = copy.deepcopy(gpt).to(device)
+    prompt = torch.tensor([[3, 1]], device=device).expand(50, 2)
+    first = generate(gpt, prompt, 4, temperature=2.0,
+                     generator=torch.Generator(device).manual_seed(1))
+    again = generate(gpt, prompt, 4, temperature=2.0,
+                     generator=torch.Generator(device).manual_seed(1))
     assert torch.equal(first, again)
-    greedy = generate(gpt, prompt, 4, top_k=1, generator=torch.Generator().manual_seed(2))
+    greedy = generate(gpt, prompt, 4, top_k=1, generator=torch.Generator(device).manual_seed(2))
     assert torch.equal(greedy, generate(gpt, prompt, 4, temperature=0))
 
 

@@ -28,12 +28,13 @@ def test_logits_have_one_score_per_token_and_position(model):
     assert logits.shape == (3, 7, 11) and loss is None
 
 
-def test_changing_later_tokens_leaves_earlier_logits_unchanged(model):
+def test_changing_later_tokens_leaves_earlier_logits_unchanged(model, device):
+    model.to(device)
     generator = torch.Generator().manual_seed(1)
-    idx = torch.randint(11, (2, 16), generator=generator)
+    idx = torch.randint(11, (2, 16), generator=generator).to(device)
     for t in range(15):
         changed = idx.clone()
-        changed[:, t + 1:] = torch.randint(11, (2, 15 - t), generator=generator)
+        changed[:, t + 1:] = torch.randint(11, (2, 15 - t), generator=generator).to(device)
         before, _ = model(idx)
         after, _ = model(changed)
         torch.testing.assert_close(after[:, : t + 1], before[:, : t + 1], rtol=0, atol=1e-6)
@@ -48,8 +49,9 @@ def test_positions_matter(model):
     assert not torch.allclose(model(idx)[0][:, -1], model(swapped)[0][:, -1])
 
 
-def test_loss_is_the_cross_entropy_of_the_logits(model):
-    idx, targets = torch.randint(11, (2, 2, 9))
+def test_loss_is_the_cross_entropy_of_the_logits(model, device):
+    model.to(device)
+    idx, targets = torch.randint(11, (2, 2, 9)).to(device)
     logits, loss = model(idx, targets)
     torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, 11), targets.flatten()))
 
@@ -154,12 +156,14 @@ def test_d_ff_defaults_to_four_times_d_model():
     assert small_config(d_ff=20).d_ff == 20
 
 
-def test_attention_weights_are_causal_rows_of_probabilities(model):
-    idx = torch.randint(11, (2, 6))
+def test_attention_weights_are_causal_rows_of_probabilities(model, device):
+    model.to(device)
+    idx = torch.randint(11, (2, 6)).to(device)
     weights = model.attention_weights(idx)
     assert len(weights) == 2 and weights[0].shape == (2, 2, 6, 6)
     for w in weights:
-        torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 6))
+        assert w.device.type == device.type
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 6, device=device))
         assert (w.triu(diagonal=1) == 0).all()
 
 

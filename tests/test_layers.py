@@ -195,15 +195,16 @@ def test_set_weights_checks_shapes_and_types():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("eps", [1e-5, 1e-2, 0.5])
-def test_layer_norm_equals_pytorchs(dtype, eps):
+def test_layer_norm_equals_pytorchs(dtype, eps, device):
     _ = torch.manual_seed(0)
     theirs = nn.LayerNorm(8, eps=eps, dtype=dtype)
     with torch.no_grad():                      # not the trivial ones and zeros
         theirs.weight.normal_()
         theirs.bias.normal_()
-    ours = LayerNorm(8, eps=eps, dtype=dtype)
+    ours = LayerNorm(8, eps=eps, dtype=dtype, device=device)
     ours.load_state_dict(theirs.state_dict())
-    x = 3 * torch.randn(2, 5, 8, dtype=dtype) + 1
+    theirs.to(device)
+    x = (3 * torch.randn(2, 5, 8, dtype=dtype) + 1).to(device)
     torch.testing.assert_close(ours(x), theirs(x))
     assert ours(x).dtype == dtype
 
@@ -344,16 +345,16 @@ def torch_decoder(norm_first, dtype, activation="relu"):
     return randomize_norms(layer)
 
 
-def encoder_masks():
+def encoder_masks(device="cpu"):
     """(ours, PyTorch's keyword arguments) for no mask, causal, padding, and both."""
-    causal = causal_mask(T)
-    keep = padding_mask(TOKENS, PAD)                                 # (B, 1, 1, T)
+    causal, tokens = causal_mask(T, device=device), TOKENS.to(device)
+    keep = padding_mask(tokens, PAD)                                 # (B, 1, 1, T)
     return {
         "none": (None, {}),
         "causal": (causal, dict(src_mask=~causal)),
-        "padding": (keep, dict(src_key_padding_mask=TOKENS == PAD)),
+        "padding": (keep, dict(src_key_padding_mask=tokens == PAD)),
         "causal+padding": (causal & keep, dict(src_mask=~causal,
-                                               src_key_padding_mask=TOKENS == PAD)),
+                                               src_key_padding_mask=tokens == PAD)),
     }
 
 
@@ -361,25 +362,26 @@ def encoder_masks():
 @NORM_ORDERS
 @pytest.mark.parametrize("mask_name", ["none", "causal", "padding", "causal+padding"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_encoder_layer_equals_pytorchs_in_train_mode(dtype, norm_first, mask_name, activation):
+def test_encoder_layer_equals_pytorchs_in_train_mode(dtype, norm_first, mask_name, activation,
+                                                     device):
     _ = torch.manual_seed(0)
-    theirs = torch_encoder(norm_first, dtype, activation).train()
+    theirs = torch_encoder(norm_first, dtype, activation).train().to(device)
     ours = EncoderLayer.from_torch(theirs)
     assert ours.training
-    ours_mask, their_kwargs = encoder_masks()[mask_name]
-    x = torch.randn(B, T, D_MODEL, dtype=dtype)
+    ours_mask, their_kwargs = encoder_masks(device)[mask_name]
+    x = torch.randn(B, T, D_MODEL, dtype=dtype).to(device)
     torch.testing.assert_close(ours(x, attn_mask=ours_mask), theirs(x, **their_kwargs))
 
 
 @DTYPES
 @NORM_ORDERS
-def test_encoder_layer_equals_pytorchs_fast_path_in_eval_mode(dtype, norm_first):
+def test_encoder_layer_equals_pytorchs_fast_path_in_eval_mode(dtype, norm_first, device):
     _ = torch.manual_seed(0)
-    theirs = torch_encoder(norm_first, dtype).eval()
+    theirs = torch_encoder(norm_first, dtype).eval().to(device)
     ours = EncoderLayer.from_torch(theirs)
     assert not ours.training
-    x = torch.randn(B, T, D_MODEL, dtype=dtype)
-    causal = causal_mask(T)
+    x = torch.randn(B, T, D_MODEL, dtype=dtype).to(device)
+    causal = causal_mask(T, device=device)
     with torch.inference_mode():        # lets PyTorch take its fused "fast path"
         torch.testing.assert_close(ours(x, attn_mask=causal), theirs(x, src_mask=~causal))
 
@@ -388,28 +390,28 @@ def test_encoder_layer_equals_pytorchs_fast_path_in_eval_mode(dtype, norm_first)
 @NORM_ORDERS
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_decoder_layer_equals_pytorchs_with_causal_and_padding_masks(dtype, norm_first,
-                                                                     activation):
+                                                                     activation, device):
     _ = torch.manual_seed(0)
-    theirs = torch_decoder(norm_first, dtype, activation).train()
+    theirs = torch_decoder(norm_first, dtype, activation).train().to(device)
     ours = DecoderLayer.from_torch(theirs)
-    x = torch.randn(B, T, D_MODEL, dtype=dtype)
-    memory = torch.randn(B, T_MEMORY, D_MODEL, dtype=dtype)
-    causal = causal_mask(T)
-    expected = theirs(x, memory, tgt_mask=~causal, tgt_key_padding_mask=TOKENS == PAD,
-                      memory_key_padding_mask=SOURCE == PAD)
-    got = ours(x, memory, tgt_mask=causal & padding_mask(TOKENS, PAD),
-               memory_mask=padding_mask(SOURCE, PAD))
+    x = torch.randn(B, T, D_MODEL, dtype=dtype).to(device)
+    memory = torch.randn(B, T_MEMORY, D_MODEL, dtype=dtype).to(device)
+    causal, tokens, source = causal_mask(T, device=device), TOKENS.to(device), SOURCE.to(device)
+    expected = theirs(x, memory, tgt_mask=~causal, tgt_key_padding_mask=tokens == PAD,
+                      memory_key_padding_mask=source == PAD)
+    got = ours(x, memory, tgt_mask=causal & padding_mask(tokens, PAD),
+               memory_mask=padding_mask(source, PAD))
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(ours(x, memory), theirs(x, memory))
 
 
 @NORM_ORDERS
-def test_gradients_equal_pytorchs(norm_first):
+def test_gradients_equal_pytorchs(norm_first, device):
     _ = torch.manual_seed(0)
-    theirs = torch_encoder(norm_first, torch.float64)
+    theirs = torch_encoder(norm_first, torch.float64).to(device)
     ours = EncoderLayer.from_torch(theirs)
-    x = torch.randn(B, T, D_MODEL, dtype=torch.float64)
-    causal = causal_mask(T)
+    x = torch.randn(B, T, D_MODEL, dtype=torch.float64).to(device)
+    causal = causal_mask(T, device=device)
     ours(x, attn_mask=causal).pow(2).sum().backward()
     theirs(x, src_mask=~causal).pow(2).sum().backward()
     torch.testing.assert_close(ours.feed_forward.linear1.weight.grad, theirs.linear1.weight.grad)

@@ -21,17 +21,18 @@ SIZES = dict(vocab_size=61, context_length=24, num_layers=2, num_heads=4, d_mode
 IDX = torch.randint(61, (2, 24), generator=torch.Generator().manual_seed(1))
 
 
-def small_llama(dtype=torch.float32, **changes) -> Llama:
+def small_llama(dtype=torch.float32, device="cpu", **changes) -> Llama:
+    """Initialised on the CPU, then moved: the same weights on every device."""
     torch.manual_seed(0)
     model = Llama(LlamaConfig(**{**SIZES, "rope_theta": 500.0, **changes}), dtype=dtype)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():           # off the initial values: norms start at 1
         for p in model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=generator).to(dtype))
-    return model.eval()
+    return model.eval().to(device)
 
 
-def test_a_bfloat16_checkpoint_stays_bfloat16_and_generates_the_same_both_ways(tmp_path):
+def test_a_bfloat16_checkpoint_stays_bfloat16_and_generates_the_same_both_ways(tmp_path, device):
     model = small_llama(torch.bfloat16, num_kv_heads=2)
     model.save_pretrained(tmp_path)
     copy = Llama.from_pretrained(tmp_path)
@@ -39,31 +40,33 @@ def test_a_bfloat16_checkpoint_stays_bfloat16_and_generates_the_same_both_ways(t
     for (name, ours), (_, theirs) in zip(model.state_dict().items(),
                                          copy.state_dict().items()):
         assert torch.equal(ours, theirs), name
-    cached = mt.generate(copy, IDX[:, :4], 12, temperature=0)
-    assert torch.equal(cached, mt.generate(copy, IDX[:, :4], 12, temperature=0,
-                                           use_cache=False))
+    copy, prompt = copy.to(device), IDX[:, :4].to(device)
+    cached = mt.generate(copy, prompt, 12, temperature=0)
+    assert cached.device.type == device.type
+    assert torch.equal(cached, mt.generate(copy, prompt, 12, temperature=0, use_cache=False))
     assert Llama.from_pretrained(tmp_path, dtype=torch.float32).head.weight.dtype == torch.float32
 
 
 @pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
-def test_generation_up_to_the_last_position_is_the_same_cached_and_uncached(num_kv_heads):
-    model = small_llama(num_kv_heads=num_kv_heads)
-    prompt = IDX[:, :4]
+def test_generation_up_to_the_last_position_is_the_same_cached_and_uncached(num_kv_heads,
+                                                                            device):
+    model, idx = small_llama(num_kv_heads=num_kv_heads, device=device), IDX.to(device)
+    prompt = idx[:, :4]
     new = SIZES["context_length"] - prompt.shape[1]         # ends at position 23 exactly
     cached = mt.generate(model, prompt, new, temperature=0)
     assert cached.shape == (2, SIZES["context_length"])
     assert torch.equal(cached, mt.generate(model, prompt, new, temperature=0, use_cache=False))
     step, cache = model.make_decode_step(), mt.KVCache(2)
     with torch.no_grad():
-        full = model(IDX)[0]
-        parts = [step(IDX[:, :20], cache)] + [step(IDX[:, i:i + 1], cache)
+        full = model(idx)[0]
+        parts = [step(idx[:, :20], cache)] + [step(idx[:, i:i + 1], cache)
                                               for i in range(20, 24)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("where", ["self_attn.v_proj", "self_attn.out_proj",
                                    "feed_forward.gate_proj", "feed_forward.down_proj"])
-def test_the_decode_step_is_forward_when_a_linear_layer_has_a_bias(where):
+def test_the_decode_step_is_forward_when_a_linear_layer_has_a_bias(where, device):
     """A learner trying one of the variants the chapter mentions (Qwen-style attention biases,
     say) swaps in a biased nn.Linear: generate must not change with use_cache."""
     model = small_llama()
@@ -76,8 +79,9 @@ def test_the_decode_step_is_forward_when_a_linear_layer_has_a_bias(where):
         biased.bias.copy_(torch.randn(old.out_features,
                                       generator=torch.Generator().manual_seed(2)))
     setattr(parent, name, biased)
+    model, idx = model.to(device), IDX[:, :6].to(device)
     with torch.no_grad():
-        assert torch.equal(model.decode_step(IDX[:, :6], mt.KVCache(2)), model(IDX[:, :6])[0])
+        assert torch.equal(model.decode_step(idx, mt.KVCache(2)), model(idx)[0])
 
 
 @pytest.mark.parametrize("change, message", [

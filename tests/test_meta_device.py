@@ -1,11 +1,11 @@
 """Nothing the package creates lands on an implicit device.
 
-Every public function and module runs here with ``torch.set_default_device("meta")``, CPU inputs
+Every public function and module runs here with ``torch.set_default_device("meta")``, DEVICE inputs
 and ``device="cpu"``: a tensor made without an explicit device would land on "meta", so every
-tensor that comes back (outputs, parameters, buffers) must be on the CPU. This is the cheap proof,
+tensor that comes back (outputs, parameters, buffers) must be on the DEVICE. This is the cheap proof,
 without a GPU, that nothing ends up on the wrong device on a CUDA machine.
 
-To cover a new public name, append a case below (``@case("name")`` on a function that builds CPU
+To cover a new public name, append a case below (``@case("name")`` on a function that builds DEVICE
 inputs and returns what the name produced), or list it in ``NOT_TENSOR_CREATING`` with the reason.
 A name in ``minitransformer.__all__`` that is in neither fails ``test_every_public_name_is_covered``.
 """
@@ -26,7 +26,9 @@ from torch import nn  # noqa: E402
 
 import minitransformer as mt  # noqa: E402
 
-CPU = "cpu"
+# The device the cases build their inputs and modules on: the CPU, or the `device` fixture's
+# (tests/conftest.py: CUDA too, when PyTorch sees a GPU), set by the test for each case.
+DEVICE = "cpu"
 
 # Public names that create no tensor (plain Python, numpy or matplotlib), with the reason.
 NOT_TENSOR_CREATING = {
@@ -46,7 +48,7 @@ NOT_TENSOR_CREATING = {
     "walk_chain": "numpy",
 }
 
-# Public name -> a function that calls it on CPU inputs and returns what it produced.
+# Public name -> a function that calls it on DEVICE inputs and returns what it produced.
 CASES: dict[str, Callable[[], object]] = {}
 
 
@@ -59,71 +61,71 @@ def case(*names: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
 
 
 def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, device=CPU, dtype=dtype,
-                       generator=torch.Generator(device=CPU).manual_seed(0))
+    return torch.randn(*shape, device=DEVICE, dtype=dtype,
+                       generator=torch.Generator(device=DEVICE).manual_seed(0))
 
 
 # --- the cases (append yours at the end) -------------------------------------------------------
 
 @case("softmax")
 def _softmax():
-    return mt.softmax(randn(2, 5).masked_fill(torch.eye(2, 5, device=CPU).bool(), float("-inf")))
+    return mt.softmax(randn(2, 5).masked_fill(torch.eye(2, 5, device=DEVICE).bool(), float("-inf")))
 
 
 @case("causal_mask")
 def _causal_mask():
-    return mt.causal_mask(3, 5), mt.causal_mask(4, device=CPU)
+    return mt.causal_mask(3, 5), mt.causal_mask(4, device=DEVICE)
 
 
 @case("padding_mask")
 def _padding_mask():
-    return mt.padding_mask(torch.tensor([[1, 2, 0]], device=CPU), 0)
+    return mt.padding_mask(torch.tensor([[1, 2, 0]], device=DEVICE), 0)
 
 
 @case("sinusoidal_positional_encoding")
 def _positional():
-    return (mt.sinusoidal_positional_encoding(5, 8, offset=3, device=CPU),
+    return (mt.sinusoidal_positional_encoding(5, 8, offset=3, device=DEVICE),
             mt.sinusoidal_positional_encoding(5, 8, dtype=torch.float64))
 
 
 @case("scaled_dot_product_attention")
 def _sdpa():
     q, k, v = randn(2, 4, 8), randn(2, 6, 8), randn(2, 6, 3)
-    mask = mt.causal_mask(4, 6, device=CPU)
+    mask = mt.causal_mask(4, 6, device=DEVICE)
     return (mt.scaled_dot_product_attention(q, k, v, mask, dropout_p=0.2, return_weights=True),
-            mt.scaled_dot_product_attention(q, k, v, torch.zeros(4, 6, device=CPU)))
+            mt.scaled_dot_product_attention(q, k, v, torch.zeros(4, 6, device=DEVICE)))
 
 
 @case("blocked_attention")
 def _blocked():
     q, k, v = randn(2, 9, 8), randn(2, 9, 8), randn(2, 9, 3)
     with torch.no_grad():      # the scratch-buffer path
-        scratch = mt.blocked_attention(q, k, v, mt.causal_mask(9, device=CPU), query_block=4)
+        scratch = mt.blocked_attention(q, k, v, mt.causal_mask(9, device=DEVICE), query_block=4)
     return scratch, mt.blocked_attention(q.requires_grad_(), k, v, query_block=4)
 
 
 @case("MultiHeadAttention")
 def _mha():
-    mha = mt.MultiHeadAttention(8, 2, dropout=0.1, device=CPU)
+    mha = mt.MultiHeadAttention(8, 2, dropout=0.1, device=DEVICE)
     x, memory = randn(2, 3, 8), randn(2, 5, 8)
-    mask = mt.padding_mask(torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], device=CPU), 0)
+    mask = mt.padding_mask(torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], device=DEVICE), 0)
     return (mha, mha(x, memory, attn_mask=mask), mha(x, return_weights=True),
-            mha.attend(x, x, x, attn_mask=mt.causal_mask(3, device=CPU)),
-            mt.MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, device=CPU)),
+            mha.attend(x, x, x, attn_mask=mt.causal_mask(3, device=DEVICE)),
+            mt.MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, device=DEVICE)),
             mha.to_torch())
 
 
 @case("sample_next")
 def _sample_next():
     logits = randn(3, 7)
-    generator = torch.Generator(device=CPU).manual_seed(0)
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
     return (mt.sample_next(logits, temperature=0.8, top_k=3, generator=generator),
             mt.sample_next(logits, temperature=0), mt.sample_next(randn(0, 7)))
 
 
 @case("FeedForward")
 def _feed_forward():
-    block = mt.FeedForward(8, 16, dropout=0.1, activation="gelu", device=CPU)
+    block = mt.FeedForward(8, 16, dropout=0.1, activation="gelu", device=DEVICE)
     return block, block(randn(2, 3, 8))
 
 
@@ -134,27 +136,27 @@ def _layer_norm_function():
 
 @case("LayerNorm")
 def _layer_norm():
-    norm = mt.LayerNorm(8, device=CPU)
+    norm = mt.LayerNorm(8, device=DEVICE)
     return norm, norm(randn(2, 3, 8))
 
 
 @case("EncoderLayer")
 def _encoder_layer():
-    layer = mt.EncoderLayer(8, 2, 16, dropout=0.1, device=CPU)
+    layer = mt.EncoderLayer(8, 2, 16, dropout=0.1, device=DEVICE)
     x = randn(2, 3, 8)
-    return layer, layer(x, attn_mask=mt.causal_mask(3, device=CPU))
+    return layer, layer(x, attn_mask=mt.causal_mask(3, device=DEVICE))
 
 
 @case("DecoderLayer")
 def _decoder_layer():
-    layer = mt.DecoderLayer(8, 2, 16, dropout=0.1, norm_first=True, device=CPU)
+    layer = mt.DecoderLayer(8, 2, 16, dropout=0.1, norm_first=True, device=DEVICE)
     x, memory = randn(2, 3, 8), randn(2, 5, 8)
-    return layer, layer(x, memory, tgt_mask=mt.causal_mask(3, device=CPU))
+    return layer, layer(x, memory, tgt_mask=mt.causal_mask(3, device=DEVICE))
 
 
 @case("heatmap")
 def _heatmap():
-    scores = randn(3, 3).masked_fill(~mt.causal_mask(3, device=CPU), float("-inf"))
+    scores = randn(3, 3).masked_fill(~mt.causal_mask(3, device=DEVICE), float("-inf"))
     return mt.heatmap(scores)
 
 
@@ -174,24 +176,24 @@ def _gpt():
     for positional in ("learned", "sinusoidal"):
         config = mt.GPTConfig(vocab_size=47, context_length=8, num_layers=1, num_heads=2,
                               d_model=8, positional=positional)
-        model = mt.GPT(config, device=CPU)
-        idx = torch.tensor([[1, 2, 3]], device=CPU)
+        model = mt.GPT(config, device=DEVICE)
+        idx = torch.tensor([[1, 2, 3]], device=DEVICE)
         results += [model, model(idx, idx), model.attention_weights(idx)]
     vocab = mt.Vocabulary.from_sentences(["check the server if it ran hot please"],
                                          specials=("<eos>",))
-    stream = token_stream(["check the server if it ran hot please"] * 2, vocab, device=CPU)
-    generator = torch.Generator(device=CPU).manual_seed(0)
+    stream = token_stream(["check the server if it ran hot please"] * 2, vocab, device=DEVICE)
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
     batches = random_batches(stream, batch_size=2, context_length=4, generator=generator)
-    cues = cue_batch(["check the server if it ran hot please"], vocab, device=CPU)
+    cues = cue_batch(["check the server if it ran hot please"], vocab, device=DEVICE)
     return results, stream, next(batches), cues
 
 
 @case("generate")
 def _generate():
     config = mt.GPTConfig(vocab_size=9, context_length=8, num_layers=1, num_heads=2, d_model=8)
-    model = mt.GPT(config, device=CPU)
-    prompt = torch.tensor([[1, 2]], device=CPU)
-    generator = torch.Generator(device=CPU).manual_seed(0)
+    model = mt.GPT(config, device=DEVICE)
+    prompt = torch.tensor([[1, 2]], device=DEVICE)
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
     return (mt.generate(model, prompt, 3, generator=generator, top_k=2),
             mt.generate(model, prompt, 3, temperature=0))
 
@@ -199,8 +201,8 @@ def _generate():
 @case("train", "evaluate")
 def _train():
     config = mt.GPTConfig(vocab_size=9, context_length=8, num_layers=1, num_heads=2, d_model=8)
-    model = mt.GPT(config, device=CPU)
-    batch = (torch.tensor([[1, 2, 3]], device=CPU), torch.tensor([[2, 3, 4]], device=CPU))
+    model = mt.GPT(config, device=DEVICE)
+    batch = (torch.tensor([[1, 2, 3]], device=DEVICE), torch.tensor([[2, 3, 4]], device=DEVICE))
     history = mt.train(model, [batch], steps=2, lr=1e-3, val_batches=[batch], eval_every=1,
                        progress=False)
     assert isinstance(mt.evaluate(model, [batch]), float) and len(history.val_losses) == 2
@@ -217,11 +219,11 @@ def _seq2seq():
 
     config = mt.Seq2SeqConfig(src_vocab_size=49, tgt_vocab_size=49, context_length=16,
                               num_layers=1, num_heads=2, d_model=8, label_smoothing=0.1)
-    model = mt.Seq2Seq(config, device=CPU)
+    model = mt.Seq2Seq(config, device=DEVICE)
     src_vocab, tgt_vocab = translation_vocabularies()
     pairs = [("delete songs", "kanti tilo"), ("show me my files please", "bo dosi mia mi miro")]
-    src, tgt_in, targets = translation_batch(pairs, src_vocab, tgt_vocab, device=CPU)
-    batches = translation_batches(pairs, src_vocab, tgt_vocab, batch_size=2, device=CPU)
+    src, tgt_in, targets = translation_batch(pairs, src_vocab, tgt_vocab, device=DEVICE)
+    batches = translation_batches(pairs, src_vocab, tgt_vocab, batch_size=2, device=DEVICE)
     greedy = model.translate(src, 5)
     return (model, model(src, tgt_in, targets), model.cross_attention_weights(src, tgt_in),
             greedy, model.translate(src, 5, use_cache=False), next(batches),
@@ -234,24 +236,24 @@ def _encoder_classifier():
     from minitransformer.classifier import EncoderConfig
 
     config = EncoderConfig(vocab_size=9, context_length=6, num_layers=1, num_heads=2, d_model=8)
-    idx = torch.tensor([[3, 4, 5, 0], [6, 7, 0, 0]], device=CPU)
-    labels = torch.tensor([0, 1], device=CPU)
+    idx = torch.tensor([[3, 4, 5, 0], [6, 7, 0, 0]], device=DEVICE)
+    labels = torch.tensor([0, 1], device=DEVICE)
     results = []
     for pooling in ("cls", "mean"):
-        model = mt.EncoderClassifier(config, 2, pooling=pooling, device=CPU)
+        model = mt.EncoderClassifier(config, 2, pooling=pooling, device=DEVICE)
         results += [model, model(idx, labels), model.encode(idx)]
     return results
 
 
 @case("rms_norm", "RMSNorm")
 def _rms_norm():
-    norm = mt.RMSNorm(8, device=CPU)
+    norm = mt.RMSNorm(8, device=DEVICE)
     return norm, norm(randn(2, 3, 8)), mt.rms_norm(randn(2, 3, 8), randn(8))
 
 
 @case("SwiGLU")
 def _swiglu():
-    block = mt.SwiGLU(8, 12, device=CPU)
+    block = mt.SwiGLU(8, 12, device=DEVICE)
     return block, block(randn(2, 3, 8))
 
 
@@ -259,13 +261,13 @@ def _swiglu():
 def _rotary():
     cos, sin = mt.rotary_angles(3, 8, offset=2)
     x = randn(1, 2, 3, 8)
-    return (cos, sin, mt.rotary_angles(3, 8, device=CPU, dtype=torch.float64),
+    return (cos, sin, mt.rotary_angles(3, 8, device=DEVICE, dtype=torch.float64),
             mt.apply_rotary(x, cos, sin), mt.rotate_half(x))
 
 
 @case("GroupedQueryAttention", "expand_kv_heads")
 def _gqa():
-    attn = mt.GroupedQueryAttention(16, 4, num_kv_heads=2, device=CPU)
+    attn = mt.GroupedQueryAttention(16, 4, num_kv_heads=2, device=DEVICE)
     x = randn(2, 3, 16)
     cache = mt.KVCache(1)
     return (attn, attn(x, rotary=mt.rotary_angles(3, 4), attn_mask=mt.causal_mask(3),
@@ -276,8 +278,8 @@ def _gqa():
 def _llama():
     config = mt.LlamaConfig(vocab_size=11, context_length=8, num_layers=1, num_heads=4,
                             d_model=16, num_kv_heads=2, tie_embeddings=True)
-    model = mt.Llama(config, device=CPU)
-    idx = torch.tensor([[1, 2, 3]], device=CPU)
+    model = mt.Llama(config, device=DEVICE)
+    idx = torch.tensor([[1, 2, 3]], device=DEVICE)
     cache = mt.KVCache(1)
     return (model, model(idx, idx), model(idx, kv_cache=cache), cache.keys,
             model.decode_step(idx[:, :1], mt.KVCache(1)),
@@ -312,16 +314,17 @@ def tensors_in(result: object) -> Iterator[torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_everything_is_created_on_the_cpu_when_the_default_device_is_meta(name,
-                                                                         meta_default_device):
+def test_everything_is_created_on_the_inputs_device_when_the_default_device_is_meta(
+        name, device, meta_default_device, monkeypatch):
+    monkeypatch.setitem(globals(), "DEVICE", str(device))
     assert torch.empty(1).device.type == "meta"          # the trap is set
     result = CASES[name]()
     tensors = list(tensors_in(result))
     if name != "heatmap":
         assert tensors, f"the {name} case returned no tensor to check"
     for tensor in tensors:
-        assert tensor.device.type == CPU, f"{name} made a tensor of shape " \
-                                          f"{tuple(tensor.shape)} on {tensor.device}"
+        assert tensor.device.type == device.type, f"{name} made a tensor of shape " \
+                                                  f"{tuple(tensor.shape)} on {tensor.device}"
 
 
 def test_the_default_device_is_restored(meta_default_device):
@@ -329,7 +332,7 @@ def test_the_default_device_is_restored(meta_default_device):
 
 
 def test_the_default_device_was_restored_after_the_other_tests():
-    assert torch.empty(1).device.type == CPU
+    assert torch.empty(1).device.type == "cpu"
 
 
 def test_every_public_name_is_covered():

@@ -561,14 +561,13 @@ class BPETokenizer:
 
     def apply_chat_template(self, messages: Sequence[dict], *,
                             add_generation_prompt: bool = False) -> list[int]:
-        """The ids of a conversation in the chat format (:mod:`minitransformer.chat`)."""
+        """The ids of a conversation in the chat format (``minitransformer.chat``)."""
         return chat.apply_chat_template(self, messages,
                                         add_generation_prompt=add_generation_prompt)
 
     def encode_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool = False
                     ) -> tuple[list[int], list[bool]]:
-        """The ids of a conversation and its assistant mask
-        (:func:`minitransformer.chat.encode_chat`)."""
+        """The ids of a conversation and its assistant mask (``minitransformer.chat``)."""
         return chat.encode_chat(self, messages, add_generation_prompt=add_generation_prompt)
 
     def __eq__(self, other: object) -> bool:

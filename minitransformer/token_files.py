@@ -40,7 +40,7 @@ from minitransformer.bpe import GPT2_PATTERN, BPETokenizer, _stream_cut
 
 FORMAT, VERSION = "minitransformer.token_files", 1
 INDEX_FILE, TRAIN_FILE, VAL_FILE = "index.json", "train.bin", "val.bin"
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json")
 MARKER = "prepare.partial"     # present from the first byte written until index.json is in place
 PARTIAL = ".partial"           # what every file is called until it is complete
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}

@@ -67,7 +67,7 @@ def test_streamed_ids_equal_whole_file_ids_and_round_trip(tmp_path, tiny_blocks,
     assert index["tokens"]["val"] > 0 and index["tokens"]["train"] > 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
         ["index.json", "train.bin", "val.bin", "vocab.json", "merges.txt",
-         "tokenizer_config.json"])
+         "tokenizer.json", "tokenizer_config.json"])
 
 
 def test_a_directory_and_a_gpt2_tokenizer(tmp_path, tiny_blocks):

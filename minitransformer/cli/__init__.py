@@ -3,8 +3,8 @@
 A thin layer: argparse turns flags into the package's own objects and runs the package's own
 code (the one training loop, :class:`~minitransformer.training.TrainingLoop`). This file is the
 whole parser, every command and flag; each command is a module of its own (``prepare.py``,
-``train.py``, ``generate.py``, ``convert.py``), and what they share (refusals, threads, devices,
-processes) is in ``common.py``.
+``train.py``, ``generate.py``, ``convert.py``, ``finetune.py``, ``chat.py``), and what they
+share (refusals, threads, devices, processes, checkpoints) is in ``common.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from minitransformer.cli import convert, generate, prepare, train
+from minitransformer.cli import chat, convert, finetune, generate, prepare, train
 from minitransformer.cli.common import (
     PROG,
     CommandLineError,
@@ -28,8 +28,9 @@ __all__ = ["CommandLineError", "build_parser", "main"]
 
 def build_parser() -> Parser:
     """The parser of every command."""
-    parser = Parser(prog=PROG, description="Train a small GPT on your own text, and sample "
-                    "from it (the course Transformers from scratch, chapter 15).")
+    parser = Parser(prog=PROG, description="Train a small GPT on your own text, sample "
+                    "from it, fine-tune it on conversations and chat with it (the course "
+                    "Transformers from scratch, chapters 15 and 16).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=Parser)
     p = commands.add_parser(
@@ -80,7 +81,8 @@ def build_parser() -> Parser:
     add("--num-heads", type=positive, help="attention heads; must divide --d-model")
     add("--d-model", type=positive, help="width of every token vector")
     add("--vocab-size", type=positive, help="tokens of the BPE tokenizer, counting its 256 "
-        "byte tokens")
+        "byte tokens and the 5 special tokens of the chat format that it reserves for "
+        "finetune")
     add("--lr", type=number, help="peak learning rate")
     add("--schedule", choices=("cosine", "wsd"), help="the learning rate after the warm-up: "
         "a cosine decay to lr/10, or warm-up-stable-decay (lr, then a linear decay to lr/10 "
@@ -115,6 +117,56 @@ def build_parser() -> Parser:
     add("--temperature", type=number, default=1.0, help="0 is greedy (default 1.0)")
     add("--top-k", type=positive, help="sample among the k likeliest tokens only")
     add("--seed", type=int, default=0, help="makes sampling repeatable (default 0)")
+    add("--device", help="default: minitransformer.default_device()")
+
+    f = commands.add_parser(
+        "finetune", help="fine-tune a trained model on conversations (JSONL), in full or LoRA",
+        description="Supervised fine-tuning on conversations, one {\"messages\": [{\"role\": "
+        "..., \"content\": ...}, ...]} per line (TRL's and OpenAI's format): the loss counts "
+        "the assistant's tokens and its end-of-turn token only. Checkpoints, --resume and "
+        "torchrun work as for train.",
+        epilog="Defaults for a new run: " + ", ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in finetune.DEFAULTS.items()) + ".")
+    f.set_defaults(run=finetune.run)
+    add = f.add_argument
+    add("--model", metavar="DIR", help="a directory written by train (its tokenizer has the "
+        "chat tokens)")
+    add("--data", metavar="FILE", help="the conversations, JSON lines")
+    add("--out", metavar="DIR", required=True, help="the run's directory: a model directory, "
+        "or with --lora-rank a PEFT adapter")
+    add("--steps", type=positive, help="optimizer updates")
+    add("--lr", type=number, help="peak learning rate (cosine schedule)")
+    add("--batch-size", type=positive, help="conversations per update, over all processes")
+    add("--seed", type=int, help="seeds the batches (and LoRA's A)")
+    add("--lora-rank", type=positive, metavar="R", help="train a LoRA adapter of rank R "
+        "instead of every weight")
+    add("--lora-alpha", type=number, metavar="A", help="LoRA's scale is A / R (default A = R)")
+    add("--lora-targets", nargs="+", metavar="NAME", help="the linear layers LoRA wraps "
+        f"(default: {'; '.join(f'{k}: ' + ' '.join(v) for k, v in finetune.LORA_TARGETS.items())})")
+    add("--merge", action="store_true", help="with --lora-rank: also write the merged model "
+        "to DIR/merged/")
+    add("--save-every", type=positive, default=100, help="steps between checkpoints "
+        "(default 100; the last step is always saved)")
+    add("--log-every", type=positive, default=10, help="steps between training losses "
+        "printed (default 10)")
+    add("--resume", action="store_true", help="continue the run in --out from its last "
+        "checkpoint")
+    add("--device", help="default: minitransformer.default_device()")
+    add("--threads", type=positive, help="CPU threads per process (as for train)")
+    add("--no-progress", action="store_true", help="no progress bar")
+
+    h = commands.add_parser("chat", help="talk with a fine-tuned model",
+                            description="An interactive chat: each line of standard input is "
+                            "a user turn (/exit or the end of input ends the chat); the reply "
+                            "is streamed as it is generated, and the conversation is kept.")
+    h.set_defaults(run=chat.run)
+    add = h.add_argument
+    add("--model", metavar="DIR", required=True, help="a model directory with the chat tokens "
+        "(finetune's --out, its merged/, or a LoRA adapter it wrote)")
+    add("--max-new-tokens", type=positive, default=100, help="the longest reply (default 100)")
+    add("--temperature", type=number, default=0.0, help="0 is greedy (default 0)")
+    add("--seed", type=int, default=0, help="makes sampling repeatable (default 0)")
+    add("--system", metavar="TEXT", help="a system message that begins the conversation")
     add("--device", help="default: minitransformer.default_device()")
 
     c = commands.add_parser("convert", help="pytorch_model.bin -> model.safetensors",

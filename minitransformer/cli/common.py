@@ -1,4 +1,5 @@
-"""What every command shares: refusals, devices, processes and the model classes.
+"""What every command shares: refusals, devices, processes, the model classes, and what the
+training commands (``train``, ``finetune``) share: the run directory, threads, checkpoints.
 
 Bad input raises :class:`CommandLineError` (or ``ValueError``/``TypeError``/``OSError`` from the
 package); :func:`minitransformer.cli.main` prints it as one line on stderr and exits with 2.
@@ -8,8 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+from pathlib import Path
 
 import torch
+
+from minitransformer import checkpoints  # by the module: tests replace its functions
 
 from minitransformer.device import default_device
 from minitransformer.gpt import GPT, GPTConfig
@@ -135,3 +140,111 @@ def architecture(arch: str) -> tuple[type, type]:
         from minitransformer.llama import Llama, LlamaConfig
         return Llama, LlamaConfig
     return GPT, GPTConfig
+
+
+def model_class(folder: Path) -> type:
+    """The model class of a directory that ``save_pretrained`` wrote: Llama for
+    ``"model_type": "llama"`` in its ``config.json``, else GPT."""
+    config = folder / "config.json"
+    model_type = checkpoints.read_json(config).get("model_type") if config.is_file() else None
+    return architecture("llama" if model_type == "llama" else "gpt")[0]
+
+
+# ----- what a training command shares (train, finetune) -----------------------------------------
+
+def check_new_out(out: Path, *, write: bool) -> None:
+    """Refuse an ``--out`` that cannot take a new run: a file, a run already (use --resume), a
+    directory of other files. What a kill during the run's first save left is removed (by the
+    process that ``write``s) and said."""
+    leftovers = checkpoints.unfinished_first_save(out)
+    if out.exists() and not out.is_dir():
+        raise CommandLineError(f"--out {out} is a file, not a directory")
+    if (out / checkpoints.STATE_FILE).exists():
+        raise CommandLineError(f"--out {out} already holds a run: pass --resume to "
+                               f"continue it, or choose another directory")
+    if out.is_dir() and any(out.iterdir()) and not leftovers:
+        raise CommandLineError(f"--out {out} is not empty and holds no run: choose a new "
+                               f"or an empty directory")
+    if leftovers and write:     # a kill during the first save: not a run, start again
+        for path in leftovers:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        print(f"removed {', '.join(sorted(p.name for p in leftovers))}: the first "
+              f"checkpoint of a run killed while writing it")
+
+
+def check_resumable(out: Path) -> None:
+    """Refuse ``--resume`` where no checkpoint was finished."""
+    if checkpoints.unfinished_first_save(out) or not out.is_dir() or not any(out.iterdir()):
+        raise CommandLineError(f"nothing to resume in {out}: no checkpoint was finished "
+                               f"there; the same command without --resume starts the run")
+
+
+def check_same_flags(given: dict, settings: dict) -> None:
+    """On --resume, a flag given with another value than the checkpoint's is refused, except a
+    larger --steps (which extends the run)."""
+    for key, value in given.items():
+        if key == "steps" and value >= settings["steps"]:
+            continue
+        if value != settings.get(key):
+            flag = "--" + key.replace("_", "-")
+            why = ("a run can be extended, not shortened" if key == "steps" else
+                   "a resumed run keeps the flags it began with, or it would not equal the "
+                   "run never stopped")
+            raise CommandLineError(f"{flag} {value} differs from the checkpoint's "
+                                   f"{settings.get(key)}: {why}")
+
+
+def set_threads(given: int | None, began: int | None, procs: Processes) -> tuple[int, str]:
+    """Set and return the CPU threads of this process, and the words that say why: as the
+    resumed run ``began`` unless ``--threads`` or ``OMP_NUM_THREADS`` says otherwise."""
+    if began and given is None and "OMP_NUM_THREADS" not in os.environ:
+        count, why = began, "as the run began"
+    else:
+        count, why = threads(given, processes=procs.local_world_size)
+    torch.set_num_threads(count)
+    return count, f"{count} thread{'s' * (count > 1)} ({why})"
+
+
+def distributed(model: torch.nn.Module, procs: Processes) -> torch.nn.Module:
+    """``model`` in ``DistributedDataParallel`` when there is more than one process."""
+    if procs.world_size == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(
+        model, device_ids=[procs.device.index] if procs.device.type == "cuda" else None)
+
+
+def mean_over_ranks(procs: Processes):
+    """A step's loss on this rank -> the mean over all ranks: the whole global batch's loss,
+    as the shares are equal (float64, so the mean of the same numbers on every rank is equal)."""
+    import torch.distributed as dist
+
+    def mean(loss: float) -> float:
+        total = torch.tensor([loss], dtype=torch.float64, device=procs.device)
+        dist.all_reduce(total)
+        return total.item() / procs.world_size
+    return mean if procs.world_size > 1 else None
+
+
+def save_checkpoint(out: Path, loop, optimizer: torch.optim.Optimizer,
+                    generator: torch.Generator, procs: Processes, *, write_model,
+                    state: dict, keep: tuple[str, ...] = ()) -> None:
+    """Write the checkpoint of ``loop.step`` (:func:`minitransformer.checkpoints.save`): the
+    model (``write_model(folder)``), the optimizer's moments, every RNG, ``state`` and the
+    loop's own state."""
+    tensors = {**checkpoints.optimizer_tensors(optimizer), **checkpoints.rng_states(generator)}
+    checkpoints.save(out, step=loop.step, world_size=procs.world_size, write_model=write_model,
+         tensors=tensors, state={**state, "loop": loop.state_dict()}, keep=keep)
+
+
+def restore_checkpoint(out: Path, resumed: dict, loop, optimizer: torch.optim.Optimizer,
+                       generator: torch.Generator, procs: Processes, *,
+                       keep: tuple[str, ...] = ()) -> None:
+    """Put a checkpoint's optimizer moments, RNG states and loop state back, and finish what a
+    kill inside its save may have cut short (the top-level files, the older checkpoints)."""
+    checkpoints.load_optimizer(optimizer, resumed["tensors"])
+    checkpoints.set_rng_states(resumed["tensors"], generator)
+    loop.load_state_dict(resumed["state"]["loop"])
+    if procs.main:
+        checkpoints.publish(out, resumed["folder"])
+        checkpoints.prune(out, resumed["folder"], keep=keep)

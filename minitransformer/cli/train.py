@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import hashlib
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,20 @@ import tqdm
 
 from minitransformer import checkpoints
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
-from minitransformer.cli.common import CommandLineError, Processes, architecture, threads
+from minitransformer.chat import CHAT_TOKENS
+from minitransformer.cli.common import (
+    CommandLineError,
+    Processes,
+    architecture,
+    check_new_out,
+    check_resumable,
+    check_same_flags,
+    distributed,
+    mean_over_ranks,
+    restore_checkpoint,
+    save_checkpoint,
+    set_threads,
+)
 from minitransformer.data import random_batches, window_batches
 from minitransformer.token_files import INDEX_FILE, TokenFiles, random_windows, val_windows
 from minitransformer.training import (
@@ -62,45 +74,22 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
     given = {k: getattr(args, k) for k in RUN_FLAGS if getattr(args, k) is not None}
     if "data" in given:
         given["data"] = os.path.abspath(given["data"])
-    leftovers = checkpoints.unfinished_first_save(out)
     if not args.resume:
-        if out.exists() and not out.is_dir():
-            raise CommandLineError(f"--out {out} is a file, not a directory")
-        if (out / checkpoints.STATE_FILE).exists():
-            raise CommandLineError(f"--out {out} already holds a run: pass --resume to "
-                                   f"continue it, or choose another directory")
-        if out.is_dir() and any(out.iterdir()) and not leftovers:
-            raise CommandLineError(f"--out {out} is not empty and holds no run: choose a new "
-                                   f"or an empty directory")
         if "data" not in given:
+            check_new_out(out, write=False)
             raise CommandLineError("train needs --data FILE, the UTF-8 text to train on, or "
                                    "--data DATA_DIR, a directory made by prepare")
-        if leftovers and write:     # a kill during the first save: not a run, start again
-            for path in leftovers:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-            print(f"removed {', '.join(sorted(p.name for p in leftovers))}: the first "
-                  f"checkpoint of a run killed while writing it")
+        check_new_out(out, write=write)
         settings = {**DEFAULTS, **given}
         settings.setdefault("warmup_steps", _warmup(settings["steps"]))
         return settings, None
-    if leftovers or not out.is_dir() or not any(out.iterdir()):
-        raise CommandLineError(f"nothing to resume in {out}: no checkpoint was finished "
-                               f"there; the same command without --resume starts the run")
+    check_resumable(out)
     trainer_state, folder = checkpoints.latest(out)
     state, tensors = checkpoints.load_tensors(folder)
     _check_state(state, folder / checkpoints.JSON_FILE)
     settings = {"schedule": "cosine", **state["args"]}      # runs saved before --schedule
     settings.setdefault("warmup_steps", _warmup(settings["steps"]))
-    for key, value in given.items():
-        if key == "steps" and value >= settings["steps"]:
-            continue
-        if value != settings[key]:
-            flag = "--" + key.replace("_", "-")
-            why = ("a run can be extended, not shortened" if key == "steps" else
-                   "a resumed run keeps the flags it began with, or it would not equal the "
-                   "run never stopped")
-            raise CommandLineError(f"{flag} {value} differs from the checkpoint's "
-                                   f"{settings[key]}: {why}")
+    check_same_flags(given, settings)
     resumed = {"trainer_state": trainer_state, "folder": folder, "state": state,
                "tensors": tensors, "note": ""}
     if given.get("steps", settings["steps"]) > settings["steps"]:
@@ -213,7 +202,7 @@ def _check(s: dict, world_size: int) -> None:
                                f"{s['d_model']}")
     if s["vocab_size"] < 256:
         raise CommandLineError(f"--vocab-size must be at least 256 (the byte tokens), got "
-                               f"{s['vocab_size']}")
+                               f"{s['vocab_size']}")     # and the chat tokens: see _tokenizer
     if not 1 <= s["warmup_steps"] <= s["steps"]:
         raise CommandLineError(f"--warmup-steps must be from 1 to --steps {s['steps']}, got "
                                f"{s['warmup_steps']}")
@@ -311,6 +300,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     s, resumed = _settings(args, out, write=procs.main)
     _check(s, procs.world_size)
     generator = torch.Generator().manual_seed(s["seed"])
+    size_note = ""
     if Path(s["data"]).is_dir():
         files, digest = _prepared(s["data"], s, args.vocab_size is not None and not resumed)
         tokenizer = files.tokenizer
@@ -327,23 +317,14 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         if resumed:
             tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
         else:
-            tokenizer = BPETokenizer.train(text, s["vocab_size"], pattern=GPT2_PATTERN)
-            if len(tokenizer) < s["vocab_size"]:
-                say(f"--vocab-size {s['vocab_size']:,}: the text holds no more pairs to merge "
-                    f"after {len(tokenizer) - 256:,} merges, so the tokenizer and the model "
-                    f"have {len(tokenizer):,} tokens")
+            tokenizer, size_note = _tokenizer(text, s["vocab_size"])
         train_ids, val_ids = _split(tokenizer.encode(text), s["context_length"], s["data"])
         batches = _micro_batches(train_ids, s, generator, procs)
         val = window_batches(val_ids, batch_size=s["batch_size"],
                              context_length=s["context_length"])[:EVAL_BATCHES]
         counts = train_ids.numel(), val_ids.numel()
     began = resumed["state"].get("threads") if resumed else None
-    if began and args.threads is None and "OMP_NUM_THREADS" not in os.environ:
-        count, why = began, "as the run began"
-    else:
-        count, why = threads(args.threads, processes=procs.local_world_size)
-    torch.set_num_threads(count)
-    how = f"{count} thread{'s' * (count > 1)} ({why})"
+    count, how = set_threads(args.threads, began, procs)
     dtype = DTYPES[s["dtype"]]
 
     torch.manual_seed(s["seed"])
@@ -356,28 +337,19 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                               d_model=s["d_model"], dropout=s["dropout"])
         model = model_class(config, device=procs.device, dtype=dtype)
     optimizer = _optimizer(model, s["lr"], 0.1)
-    wrapped = model
-    if procs.world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-        wrapped = DistributedDataParallel(
-            model, device_ids=[procs.device.index] if procs.device.type == "cuda" else None)
+    wrapped = distributed(model, procs)
     val = [(x.to(procs.device), y.to(procs.device)) for x, y in val]
     loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],
                         warmup_steps=s["warmup_steps"], schedule=s["schedule"],
                         grad_accum=s["grad_accum"], val_batches=val if procs.main else None,
                         eval_every=args.eval_every, eval_model=model,
-                        mean_loss=_mean_over_ranks(procs) if procs.world_size > 1 else None)
+                        mean_loss=mean_over_ranks(procs))
     #: WSD: the checkpoint where the decay begins is kept, to extend the run from (_extend)
     stable = (wsd_decay_start(s["steps"], warmup_steps=s["warmup_steps"])
               if s["schedule"] == "wsd" else None)
     keep = () if stable is None else (f"ckpt-{stable}",)
     if resumed:
-        checkpoints.load_optimizer(optimizer, resumed["tensors"])
-        checkpoints.set_rng_states(resumed["tensors"], generator)
-        loop.load_state_dict(resumed["state"]["loop"])
-        if procs.main:      # as the end of checkpoints.save leaves it, had a kill cut it short
-            checkpoints.publish(out, resumed["folder"])
-            checkpoints.prune(out, resumed["folder"], keep=keep)
+        restore_checkpoint(out, resumed, loop, optimizer, generator, procs, keep=keep)
         was = resumed["trainer_state"]["world_size"]
         changed = [f"world size {was}, now {procs.world_size}"] if was != procs.world_size else []
         if began and began != count:
@@ -396,6 +368,8 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         say(f"training a {model_class.__name__} of {_count(model):,} parameters on "
             f"{counts[0]:,} tokens ({counts[1]:,} held out), "
             f"{procs.world_size} process{'es' * (procs.world_size > 1)} of {how}")
+        if size_note:
+            say(size_note)
 
     def save(folder: Path) -> None:
         model.save_pretrained(folder)
@@ -407,13 +381,9 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
             tqdm.tqdm.write(f"step {loop.step}: train loss {h.train_losses[-1]:.4f}, "
                             f"val loss {h.val_losses[-1]:.4f}", file=sys.stdout)
         if procs.main and (loop.step % args.save_every == 0 or loop.step in (s["steps"], stable)):
-            tensors = {**checkpoints.optimizer_tensors(optimizer),
-                       **checkpoints.rng_states(generator)}
-            state = {"args": s, "data_sha256": digest, "threads": count,
-                     "loop": loop.state_dict()}
-            checkpoints.save(out, step=loop.step, world_size=procs.world_size,
-                             write_model=save, tensors=tensors, state=state,
-                             keep=keep)
+            save_checkpoint(out, loop, optimizer, generator, procs, write_model=save,
+                            state={"args": s, "data_sha256": digest, "threads": count},
+                            keep=keep)
 
     bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="training", mininterval=0.5,
                     bar_format=BAR_FORMAT, disable=not procs.main or args.no_progress)
@@ -424,16 +394,23 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     return 0
 
 
-def _mean_over_ranks(procs: Processes):
-    """A step's loss on this rank -> the mean over all ranks: the whole global batch's loss,
-    as the shares are equal (float64, so the mean of the same numbers on every rank is equal)."""
-    import torch.distributed as dist
-
-    def mean(loss: float) -> float:
-        total = torch.tensor([loss], dtype=torch.float64, device=procs.device)
-        dist.all_reduce(total)
-        return total.item() / procs.world_size
-    return mean
+def _tokenizer(text: str, vocab_size: int) -> tuple[BPETokenizer, str]:
+    """The run's tokenizer: ``vocab_size`` tokens counting the chat format's special tokens
+    (:data:`~minitransformer.chat.CHAT_TOKENS`), reserved in every tokenizer so that
+    ``finetune`` never has to grow the embedding table; more tokens if the bytes and those
+    need more, fewer if the text holds no more pairs to merge; and the note that says so."""
+    least = 256 + len(CHAT_TOKENS)
+    tokenizer = BPETokenizer.train(text, max(vocab_size, least), pattern=GPT2_PATTERN,
+                                   special_tokens=CHAT_TOKENS)
+    if vocab_size < least:
+        return tokenizer, (f"--vocab-size {vocab_size:,}: the 256 byte tokens and the "
+                           f"{len(CHAT_TOKENS)} chat tokens need {least}, so the tokenizer and "
+                           f"the model have {least} tokens")
+    if len(tokenizer) < vocab_size:
+        return tokenizer, (f"--vocab-size {vocab_size:,}: the text holds no more pairs to "
+                           f"merge after {len(tokenizer.merges):,} merges, so the tokenizer "
+                           f"and the model have {len(tokenizer):,} tokens")
+    return tokenizer, ""
 
 
 def _count(model: torch.nn.Module) -> int:

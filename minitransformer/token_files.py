@@ -37,6 +37,7 @@ from torch import Tensor
 
 from minitransformer._checks import check_choice, check_int, check_number, check_type
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer, _stream_cut
+from minitransformer.chat import CHAT_TOKENS
 
 FORMAT, VERSION = "minitransformer.token_files", 1
 INDEX_FILE, TRAIN_FILE, VAL_FILE = "index.json", "train.bin", "val.bin"
@@ -64,7 +65,8 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
 
     The tokenizer is either given (``tokenizer``: a directory of ``vocab.json`` and
     ``merges.txt``, ours or GPT-2's own, or a :class:`~minitransformer.bpe.BPETokenizer`), or
-    learned with ``vocab_size`` tokens (``GPT2_PATTERN``) from a *sample*: blocks of whole lines
+    learned with ``vocab_size`` tokens (``GPT2_PATTERN``, the chat format's special tokens
+    reserved and counted, as ``train`` does) from a *sample*: blocks of whole lines
     from ``seed``-drawn places, ``sample_bytes`` in all (the whole text when it is smaller). A
     sample rather than the counts of every pre-token of the whole input: the distinct pieces
     keep growing with the text (new words, names, numbers), so their counts are not bounded in
@@ -130,7 +132,7 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
     if vocab_size is not None:
         with _context().Pool(1) as pool:      # its memory is given back when it ends
             merges = pool.apply(_learn, (sources, sample_bytes, seed, vocab_size))
-        tokenizer = BPETokenizer(merges, pattern=GPT2_PATTERN)
+        tokenizer = BPETokenizer(merges, pattern=GPT2_PATTERN, special_tokens=CHAT_TOKENS)
         origin = {"trained": True, "sample_bytes": min(sample_bytes, total), "seed": seed}
     elif isinstance(tokenizer, BPETokenizer):
         origin = {"trained": False, "from": repr(tokenizer)}
@@ -179,9 +181,12 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
 
 
 def _learn(sources, sample_bytes: int, seed: int, vocab_size: int) -> list:
-    """The merges of a tokenizer learned from the sample (run in a process of its own)."""
-    return list(BPETokenizer.train(_sample(sources, sample_bytes, seed), vocab_size,
-                                   pattern=GPT2_PATTERN).merges)
+    """The merges of a tokenizer learned from the sample (run in a process of its own). The
+    chat format's special tokens are reserved, as ``train`` reserves them (chapter 16), and
+    count in ``vocab_size``; at least the bytes and those are kept."""
+    return list(BPETokenizer.train(_sample(sources, sample_bytes, seed),
+                                   max(vocab_size, 256 + len(CHAT_TOKENS)),
+                                   pattern=GPT2_PATTERN, special_tokens=CHAT_TOKENS).merges)
 
 
 def _context():

@@ -147,7 +147,7 @@ def prune(out: Path, folder: Path, *, keep: tuple[str, ...] = ()) -> None:
 
 def publish(out: Path, folder: Path) -> None:
     """Copy the checkpoint's model and tokenizer files to the top of ``out``, each under a
-    temporary name first, then ``os.replace``d into place, the weights last."""
+    temporary name first, then moved into place with ``os.replace``, the weights last."""
     names = sorted((f.name for f in folder.iterdir() if f.name not in (TENSORS_FILE, JSON_FILE)),
                    key=lambda name: name == "model.safetensors")
     for name in names:

@@ -27,10 +27,13 @@ RESULTS=$(cd "$RESULTS" && pwd)
 DEVICE=${MINITRANSFORMER_DEVICE:-cuda}
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" 2>/dev/null && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-CORES=$(nproc 2>/dev/null || echo 2)
+# GNU nproc honours OMP_NUM_THREADS, which images often set to 1: count the cores without it.
+CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)
 WORKERS=${GPU_WORKERS:-$(( CORES < 8 ? CORES : 8 ))}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-export OMP_NUM_THREADS=1 MPLBACKEND=Agg
+# One thread per process (the chapters set their own); no MPLBACKEND: nbval compares the inline
+# backend's figure reprs.
+export OMP_NUM_THREADS=1
 START=$(date +%s)
 STEPS=()        # name:status:seconds
 
@@ -43,7 +46,8 @@ step() {        # step NAME LIMIT_S COMMAND...: runs it, its output into NAME.lo
     local name=$1 seconds=$2 began status
     shift 2
     began=$(date +%s)
-    echo "== $name: $*" | tee "$RESULTS/$name.log"
+    echo "== $name: $*" >"$RESULTS/$name.log"
+    echo "== $name ($(date +%T))"
     if [ "$seconds" -gt 0 ] && command -v timeout >/dev/null; then
         timeout --kill-after=10 "$seconds" "$@" >>"$RESULTS/$name.log" 2>&1
     else
@@ -51,7 +55,7 @@ step() {        # step NAME LIMIT_S COMMAND...: runs it, its output into NAME.lo
     fi
     status=$?
     [ "$status" = 124 ] && echo "== $name: stopped after its limit of ${seconds} s" >>"$RESULTS/$name.log"
-    tail -n 3 "$RESULTS/$name.log"
+    tail -n 2 "$RESULTS/$name.log" | cut -c1-300
     STEPS+=("$name:$status:$(( $(date +%s) - began ))")
 }
 

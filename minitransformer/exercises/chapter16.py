@@ -266,9 +266,10 @@ def _init_cases() -> list[tuple]:
             (8, 8, 4, torch.Generator().manual_seed(3))]
 
 
-_A_ZERO = ("B starts at zero, not A: with A = 0 the change B A x is zero too, but B's gradient "
-           "is (the output's gradient) times A x = 0, so B never moves, and A's gradient is "
-           "B^T times it, which is not zero only once B is; start B at zero and A random")
+_A_ZERO = ("B starts at zero, not A, as in the LoRA paper and PEFT: either way B A = 0 and the "
+           "model starts as its base, but with A = 0 the gradient of B (the output's gradient "
+           "times A x) is zero at first; with B = 0, A x is a fixed random projection from the "
+           "first step and B learns how much of it to use")
 
 
 def _a_zero(scale):

@@ -163,7 +163,7 @@ JINJA_TEMPLATE = """\
 
 def jinja_chat_template(special_tokens: Sequence[str] = CHAT_TOKENS) -> str:
     """The chat format as a Jinja ``chat_template`` for ``tokenizer_config.json``
-    (:data:`JINJA_TEMPLATE`): ``{% generation %}`` ... ``{% endgeneration %}`` around the
+    (``JINJA_TEMPLATE``): ``{% generation %}`` ... ``{% endgeneration %}`` around the
     assistant's content and its end-of-turn token, so that transformers'
     ``return_assistant_tokens_mask=True`` gives :func:`encode_chat`'s mask. It refuses, as
     :func:`encode_chat` does, an unknown role, a content that is not a string, and content
@@ -193,11 +193,11 @@ def chat_tokenizer_config(special_tokens: Mapping[str, int]) -> dict:
 
 
 def write_chat_template(path: str | os.PathLike, tokenizer: object) -> None:
-    """Add :func:`chat_tokenizer_config`'s entries to the ``tokenizer_config.json`` that
+    """Add ``chat_tokenizer_config``'s entries to the ``tokenizer_config.json`` that
     ``tokenizer.save_pretrained`` wrote in the directory ``path``.
 
     Raises:
-        TypeError, ValueError: as :func:`check_chat_tokenizer`; a file that is not a JSON
+        TypeError, ValueError: as ``check_chat_tokenizer``; a file that is not a JSON
             object, or that gives one of the special tokens' ids to another token (the
             directory of another tokenizer).
         FileNotFoundError: no ``tokenizer_config.json`` in ``path``.

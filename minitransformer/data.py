@@ -490,3 +490,133 @@ def translation_batches(pairs: Sequence[tuple[str, str]], src_vocab: Vocabulary,
         for start in range(0, len(order) - batch_size + 1, batch_size):
             yield translation_batch([pairs[i] for i in order[start: start + batch_size]],
                                     src_vocab, tgt_vocab, device=device)
+
+
+# --- Chapter 16: instructions about the course's sentences, as conversations ---------------------
+#
+# Each instruction asks something about one sentence of the course's languages: translate a
+# command of chapter 10's grammar, say whether a sentence belongs to chapter 9's command language,
+# repeat a command, or say its words in reverse order. A training conversation holds one or two
+# exchanges (a user's instruction, the assistant's answer), sometimes after a system message; a
+# validation conversation holds one, about a sentence that no training conversation mentions.
+
+#: Each task and the wordings of its instruction; ``{}`` is where the sentence goes.
+INSTRUCTION_TASKS: dict[str, tuple[str, ...]] = {
+    "translate": ("translate: {}", "translate this command: {}", "what is {} in the other "
+                                                                 "language?"),
+    "is_command": ("is this a command? {}", "answer yes or no: is {} a command?"),
+    "repeat": ("repeat: {}", "say this again: {}"),
+    "reverse": ("reverse the words: {}", "say {} backwards"),
+}
+#: The system message of the conversations that have one.
+INSTRUCTION_SYSTEM = "answer in as few words as you can."
+
+
+def instruction_answer(task: str, sentence: str) -> str:
+    """The answer to ``task`` about ``sentence``: the translation (``translate_command``),
+    ``"yes"`` or ``"no"`` (:func:`is_command`), the sentence, or its words reversed.
+
+    >>> instruction_answer("reverse", "open my photos")
+    'photos my open'
+
+    Raises:
+        ValueError: an unknown task, or a sentence ``translate_command`` cannot translate.
+    """
+    _checks.check_type("task", task, str, "a str")
+    _checks.check_type("sentence", sentence, str, "a str")
+    if task not in INSTRUCTION_TASKS:
+        raise ValueError(f"unknown task {task!r}; the tasks are {list(INSTRUCTION_TASKS)}")
+    if task == "translate":
+        return translate_command(sentence)
+    if task == "is_command":
+        return "yes" if is_command(sentence) else "no"
+    words = tokenize(sentence)
+    return " ".join(words[::-1] if task == "reverse" else words)
+
+
+def _not_a_command(rng: random.Random, sentence: str) -> str:
+    """A near miss of chapter 9's language: the cue of another far word after *ran*."""
+    words = sentence.split()
+    far = next(w for w in words if w in CUES)
+    cue = rng.choice([c for f, c in sorted(CUES.items()) if f != far and c != "please"])
+    at = words.index("ran") + 1
+    words[at:] = [cue, "please"]
+    return " ".join(words)
+
+
+def _instruction_pools(seed: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Distinct sentences for training and for validation, per source, none in both."""
+    rng = random.Random(seed)
+    commands: dict[str, None] = {}
+    while len(commands) < 1200:
+        sentence = _command(rng)
+        if len(sentence.split()) <= 8:
+            commands.setdefault(sentence, None)
+    ninth_train, ninth_val = command_splits(400, 200, seed=seed, max_distance=6)
+    pool = list(commands)
+    rng.shuffle(pool)
+    return ({"commands": pool[300:], "ninth": ninth_train},
+            {"commands": pool[:300], "ninth": ninth_val})
+
+
+def _exchange(rng: random.Random, pool: dict[str, list[str]], task: str,
+              wordings: Sequence[str]) -> list[dict[str, str]]:
+    if task == "is_command":
+        kind = rng.randrange(3)      # a command of chapter 9, a near miss, a chapter 10 command
+        sentence = rng.choice(pool["ninth"] if kind < 2 else pool["commands"])
+        sentence = _not_a_command(rng, sentence) if kind == 1 else sentence
+    else:
+        sentence = rng.choice(pool["commands"])
+    return [{"role": "user", "content": rng.choice(wordings).format(sentence)},
+            {"role": "assistant", "content": instruction_answer(task, sentence)}]
+
+
+def instruction_splits(num_train: int, num_val: int, *, seed: int = 0,
+                       tasks: Sequence[str] | None = None, max_exchanges: int = 2,
+                       system_rate: float = 0.25
+                       ) -> tuple[list[list[dict[str, str]]], list[list[dict[str, str]]]]:
+    """Conversations for instruction tuning: ``num_train`` to train on and ``num_val`` held
+    out, the same for the same seed.
+
+    A training conversation has 1 to ``max_exchanges`` exchanges (the user's instruction and
+    the assistant's :func:`instruction_answer`), after ``INSTRUCTION_SYSTEM`` in a
+    ``system_rate`` share of them. A validation conversation has one exchange and no system
+    message, so that its last message is the answer to score; the tasks take turns. No
+    sentence of a validation conversation appears in any training conversation.
+
+    >>> instruction_splits(0, 1, seed=3)[1]  # doctest: +NORMALIZE_WHITESPACE
+    [[{'role': 'user', 'content': 'translate this command: hide all reports please'},
+      {'role': 'assistant', 'content': 'bo raporti tuta kasu'}]]
+
+    Raises:
+        TypeError, ValueError: a count that is not a non-negative int, an unknown task, a
+            ``max_exchanges`` below 1, a ``system_rate`` outside ``[0, 1]``.
+    """
+    _checks.check_int("num_train", num_train, low=0)
+    _checks.check_int("num_val", num_val, low=0)
+    _checks.check_int("seed", seed, low=0)
+    _checks.check_int("max_exchanges", max_exchanges)
+    _checks.check_number("system_rate", system_rate, low=0.0)
+    if system_rate > 1:
+        raise ValueError(f"system_rate must be at most 1, got {system_rate}")
+    tasks = list(INSTRUCTION_TASKS) if tasks is None else tasks
+    if isinstance(tasks, str) or not isinstance(tasks, Sequence):
+        raise TypeError(f"tasks must be a list of task names, got {type(tasks).__name__}")
+    if not tasks:
+        raise ValueError(f"tasks is empty; the tasks are {list(INSTRUCTION_TASKS)}")
+    for task in tasks:
+        if task not in INSTRUCTION_TASKS:
+            raise ValueError(f"unknown task {task!r}; the tasks are {list(INSTRUCTION_TASKS)}")
+    train_pool, val_pool = _instruction_pools(seed)
+    rng = random.Random(seed + 1)
+    train = []
+    for _ in range(num_train):
+        messages = ([{"role": "system", "content": INSTRUCTION_SYSTEM}]
+                    if rng.random() < system_rate else [])
+        for _ in range(rng.randint(1, max_exchanges)):
+            task = rng.choice(tasks)
+            messages += _exchange(rng, train_pool, task, INSTRUCTION_TASKS[task])
+        train.append(messages)
+    val = [_exchange(rng, val_pool, task, INSTRUCTION_TASKS[task])
+           for task in (tasks[n % len(tasks)] for n in range(num_val))]
+    return train, val

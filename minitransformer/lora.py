@@ -390,7 +390,7 @@ def save_adapter(model: nn.Module, path: str | os.PathLike, *,
         TypeError: ``model`` not a Llama or GPT, a path or name of the wrong type.
         ValueError: no LoRA layers, layers with different ``r``, ``alpha`` or dropout (one
             config holds one of each), a layer PEFT cannot express (see
-            :func:`peft_module_names`), ``path`` is a file.
+            ``peft_module_names``), ``path`` is a file.
     """
     names = peft_module_names(model)
     _checks.check_type("base_model_name_or_path", base_model_name_or_path, str, "a str")

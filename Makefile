@@ -77,12 +77,13 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab book $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Fresh kernel per notebook, timing metadata off: an unchanged notebook stays byte-identical.
+# One thread, as `make test` runs nbval: chapter 15's command line prints its thread count.
 # NB=book/01_one_hot_and_dot_products.ipynb re-executes a single chapter.
 NB ?= $(sort $(wildcard book/*.ipynb))
 # The second pass merges stream outputs the kernel happened to send in several chunks, which would
 # otherwise make the stored file differ from run to run while showing the same text.
 execute: $(STAMP)
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	OMP_NUM_THREADS=1 $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 		--ExecutePreprocessor.record_timing=False --ExecutePreprocessor.timeout=900 $(NB)
 	$(BIN)/jupyter nbconvert --to notebook --inplace --CoalesceStreamsPreprocessor.enabled=True $(NB)
 

@@ -458,6 +458,11 @@ class BPETokenizer:
         if not str(os.fspath(path)).strip():
             raise ValueError(f"path is empty ({os.fspath(path)!r}): pass the tokenizer's "
                              f"directory")
+        if not os.path.isdir(path):
+            kind = "is a file, not" if os.path.exists(path) else "names no"
+            raise FileNotFoundError(2, f"{os.fspath(path)!r} {kind} directory (a GPT-2 "
+                                    f"tokenizer is a directory holding {TOKENIZER_FILE}, or "
+                                    f"{VOCAB_FILE} and {MERGES_FILE})", os.fspath(path))
         declared = _declared_special_tokens(path)
         tokenizer_path = os.path.join(path, TOKENIZER_FILE)
         if os.path.isfile(tokenizer_path):

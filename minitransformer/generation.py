@@ -335,6 +335,8 @@ def beam_search(model: nn.Module, src: Tensor, *, beam_size: int, max_new_tokens
         raise ValueError(f"max_new_tokens={max_new_tokens} plus <bos> needs {max_new_tokens + 1} "
                          f"positions, more than context_length={c.context_length}")
     model._check_src(src)                          # before eval(): a bad source changes no mode
+    if src.shape[0] == 0:                          # an empty batch: nothing to search
+        return torch.full((0, 1), c.bos_id, dtype=torch.long, device=src.device)
     with eval_mode(model):
         seqs = _beams(model, src, k, max_new_tokens)                 # (B, k, t), best first
     seqs = seqs[:, 0]                                                # the best beam

@@ -270,9 +270,13 @@ def edit_merges(directory: Path, edit) -> None:
 
 
 def test_missing_files_are_file_not_found_errors_with_the_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no vocab.json in .*nowhere") as error:
+    with pytest.raises(FileNotFoundError, match="nowhere' names no directory") as error:
         BPETokenizer.from_pretrained(tmp_path / "nowhere")
-    assert error.value.filename == str(tmp_path / "nowhere" / "vocab.json")
+    assert error.value.filename == str(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no vocab.json in .*empty") as error:
+        BPETokenizer.from_pretrained(tmp_path / "empty")
+    assert error.value.filename == str(tmp_path / "empty" / "vocab.json")
     directory = fixture_copy(tmp_path)
     (directory / "merges.txt").unlink()
     with pytest.raises(FileNotFoundError, match="no merges.txt") as error:

@@ -235,7 +235,7 @@ def test_files_and_directories_are_flushed_before_the_renames_that_publish_them(
 
 
 @pytest.mark.parametrize("damage", ["not JSON", "no args", "steps a string", "loop a list",
-                                    "history without steps", "no world_size"])
+                                    "history without steps", "no world_size", "lr null"])
 def test_a_damaged_training_state_is_one_line(data, tmp_path, damage):
     out = tmp_path / "run"
     assert run("train", "--data", data, "--out", out, *TINY, "--steps", "1")[0] == 0
@@ -251,6 +251,8 @@ def test_a_damaged_training_state_is_one_line(data, tmp_path, damage):
             del state["args"]
         elif damage == "steps a string":
             state["args"]["steps"] = "ten"
+        elif damage == "lr null":
+            state["args"]["lr"] = None
         elif damage == "loop a list":
             state["loop"] = [1]
         else:
@@ -261,6 +263,9 @@ def test_a_damaged_training_state_is_one_line(data, tmp_path, damage):
     assert status == 2 and one_line(stderr), stderr
     assert "trainer_state.json" in stderr if damage == "no world_size" else (
         "training_state.json" in stderr)
+    if damage in ("steps a string", "lr null"):     # what was found, with its article
+        assert ("args.steps is a str, not an int" if damage == "steps a string" else
+                "args.lr is null, not an int or a float") in stderr, stderr
 
 
 @pytest.mark.parametrize("key, value", [("num_heads", 0), ("dtype", "float16"),

@@ -84,3 +84,12 @@ def test_under_torchrun_a_bad_flag_is_printed_once(tmp_path):
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert result.returncode != 0
     assert result.stderr.count("--steps: must be at least 1") == 1, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("argv", [["train", "--dat", "x.txt", "--out", "o"],
+                                  ["generate", "--mod", "m", "--prompt", "a"]])
+def test_an_abbreviated_flag_is_refused_not_guessed(tmp_path, argv):
+    """argparse would read --dat as --data: a misspelt flag must not silently run."""
+    status, _, stderr = run(*argv)
+    assert status == 2 and "\n" not in stderr.strip(), stderr
+    assert "unrecognized arguments: --dat" in stderr or "required: --model" in stderr, stderr

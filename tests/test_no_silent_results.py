@@ -372,3 +372,23 @@ def test_negative_or_nan_counts_are_refused(counts, message):
     ok = mt.sample_next(logits, counts=torch.zeros(2, 61, dtype=torch.bool),
                         presence_penalty=1.0)
     assert ok.shape == (2,)
+
+
+def test_beam_search_on_an_empty_batch_returns_an_empty_result():
+    from minitransformer import Seq2Seq, Seq2SeqConfig, beam_search
+    model = Seq2Seq(Seq2SeqConfig(src_vocab_size=10, tgt_vocab_size=12, context_length=8,
+                                  num_layers=1, num_heads=2, d_model=8))
+    out = beam_search(model, torch.zeros(0, 3, dtype=torch.long), beam_size=2,
+                      max_new_tokens=3)
+    assert out.shape == (0, 1) and out.dtype == torch.long
+
+
+def test_a_missing_tokenizer_directory_is_named_as_missing(tmp_path, monkeypatch):
+    from minitransformer import BPETokenizer
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(FileNotFoundError, match="'runs/corpus' names no directory"):
+        BPETokenizer.from_pretrained("runs/corpus")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="is a file, not directory"):
+        BPETokenizer.from_pretrained("notes.txt")

@@ -28,7 +28,11 @@ class CommandLineError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with a mistake raised as one line instead of a usage block and exit."""
+    """argparse, with a mistake raised as one line instead of a usage block and exit, and no
+    abbreviated flags (``--dat`` would silently be ``--data``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:
         raise CommandLineError(f"{self.prog}: {message} (see --help)")

@@ -98,6 +98,11 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
     return settings, resumed
 
 
+def _a(name: str) -> str:
+    """``name`` with its article: 'an int', 'a str'."""
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
 def _check_state(state: dict, path: Path) -> None:
     """Refuse a ``training_state.json`` that is not what this program writes (edited by hand,
     or damaged), naming the first key that is missing or of the wrong type."""
@@ -112,19 +117,20 @@ def _check_state(state: dict, path: Path) -> None:
     }
     optional = {"args.schedule", "args.warmup_steps", "threads"}     # older runs lack them
     expected.update({"args.warmup_steps": whole, "threads": whole})
+    absent = object()
     for key, kind in expected.items():
         value, parts = state, key.split(".")
         for part in parts:
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is None and key in optional:
+            value = value.get(part, absent) if isinstance(value, dict) else absent
+        if value is absent and key in optional:
             continue
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        if value is None or not isinstance(value, kinds) or (
-                isinstance(value, bool) and bool not in kinds):
-            found = "missing" if value is None else f"a {type(value).__name__}"
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            found = ("missing" if value is absent else "null" if value is None
+                     else _a(type(value).__name__))
             raise CommandLineError(f"{path} is not what this program writes (edited or "
-                                   f"damaged?): {key} is {found}, not a "
-                                   f"{' or '.join(k.__name__ for k in kinds)}")
+                                   f"damaged?): {key} is {found}, not "
+                                   f"{' or '.join(_a(k.__name__) for k in kinds)}")
     args = state["args"]
     choices = {"arch": ARCHS, "dtype": tuple(DTYPES), "schedule": tuple(SCHEDULES)}
     for key, allowed in choices.items():

@@ -216,7 +216,7 @@ def plain_model(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", ["not json", "missing role", "unknown role", "too long",
                                   "no chat format", "empty", "no messages", "no assistant",
-                                  "merge without lora", "no such model"])
+                                  "merge without lora", "no such model", "an adapter"])
 def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_path):
     good = conversation(1)
     model, path = gpt_base, tmp_path / "data.jsonl"
@@ -236,7 +236,8 @@ def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_
         words = f"{path}:1: the conversation is"
     elif name == "no chat format":
         write(path, [good])
-        model, words = plain_model, f"--model {plain_model} has no chat format"
+        model, words = plain_model, (f"--model {plain_model} has no chat format: its "
+                                     f"tokenizer lacks the special tokens <|system|>")
     elif name == "empty":
         write(path, ["", "  "])
         words = f"--data {path} is empty"
@@ -249,6 +250,12 @@ def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_
     elif name == "merge without lora":
         write(path, [good])
         extra, words = ["--merge"], "--merge needs --lora-rank"
+    elif name == "an adapter":
+        write(path, [good])
+        model = tmp_path / "adapter"
+        model.mkdir()
+        (model / "adapter_config.json").write_text("{}", "utf-8")
+        words = f"--model {model} is a LoRA adapter, not a model"
     else:
         write(path, [good])
         model, words = tmp_path / "nowhere", "no such directory"

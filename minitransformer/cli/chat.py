@@ -18,8 +18,8 @@ import torch
 
 from minitransformer import checkpoints
 from minitransformer.bpe import BPETokenizer
-from minitransformer.chat import CHAT_TOKENS, apply_chat_template, check_chat_tokenizer
-from minitransformer.cli.common import CommandLineError, device, model_class
+from minitransformer.chat import CHAT_TOKENS, apply_chat_template
+from minitransformer.cli.common import CommandLineError, chat_tokens_of, device, model_class
 from minitransformer.generation import generate
 from minitransformer.lora import ADAPTER_CONFIG_FILE, load_adapter
 
@@ -31,11 +31,7 @@ def load(folder: Path, where: torch.device) -> tuple[torch.nn.Module, BPETokeniz
     ``finetune`` wrote (its base model, read from ``base_model_name_or_path``, with the
     adapter)."""
     tokenizer = BPETokenizer.from_pretrained(folder)
-    try:
-        check_chat_tokenizer(tokenizer)
-    except ValueError as exc:
-        raise CommandLineError(f"--model {folder} has no chat format: {exc}; fine-tune a model "
-                               f"that `minitransformer train` wrote") from None
+    chat_tokens_of(tokenizer, str(folder))
     adapter = folder / ADAPTER_CONFIG_FILE
     if adapter.is_file() and not (folder / "config.json").is_file():
         base = checkpoints.read_json(adapter).get("base_model_name_or_path")

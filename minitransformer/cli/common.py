@@ -252,3 +252,17 @@ def restore_checkpoint(out: Path, resumed: dict, loop, optimizer: torch.optim.Op
     if procs.main:
         checkpoints.publish(out, resumed["folder"])
         checkpoints.prune(out, resumed["folder"], keep=keep)
+
+
+def chat_tokens_of(tokenizer, model: str) -> dict[str, int]:
+    """The chat format's special tokens of ``--model``'s tokenizer, or one line saying which
+    are missing and which program writes a model that has them."""
+    from minitransformer.chat import CHAT_TOKENS, check_chat_tokenizer
+    try:
+        return check_chat_tokenizer(tokenizer)
+    except ValueError:
+        missing = [t for t in CHAT_TOKENS if t not in tokenizer.special_tokens]
+        raise CommandLineError(
+            f"--model {model} has no chat format: its tokenizer lacks the special tokens "
+            f"{', '.join(missing)}; `python -m minitransformer train` reserves them in every "
+            f"model it trains (version 0.6 on), so train the base model with it") from None

@@ -28,10 +28,11 @@ from torch import nn
 
 from minitransformer import checkpoints
 from minitransformer.bpe import BPETokenizer
-from minitransformer.chat import check_chat_tokenizer, encode_chat
+from minitransformer.chat import encode_chat
 from minitransformer.cli.common import (
     CommandLineError,
     Processes,
+    chat_tokens_of,
     check_new_out,
     check_resumable,
     check_same_flags,
@@ -43,6 +44,7 @@ from minitransformer.cli.common import (
     set_threads,
 )
 from minitransformer.lora import (
+    ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     LoRALinear,
     add_lora,
@@ -246,12 +248,12 @@ def _base_model(s: dict, device: torch.device) -> tuple[nn.Module, BPETokenizer]
     folder = Path(s["model"])
     if not folder.is_dir():
         raise CommandLineError(f"--model {s['model']}: no such directory")
+    if (folder / ADAPTER_CONFIG_FILE).is_file() and not (folder / "config.json").is_file():
+        raise CommandLineError(f"--model {s['model']} is a LoRA adapter, not a model: "
+                               f"fine-tune its merged model ({folder / 'merged'}, written by "
+                               f"--merge) or its base model")
     tokenizer = BPETokenizer.from_pretrained(folder)
-    try:
-        specials = check_chat_tokenizer(tokenizer)
-    except ValueError as exc:
-        raise CommandLineError(f"--model {s['model']} has no chat format: {exc}; a model "
-                               f"that `minitransformer train` writes has them") from None
+    specials = chat_tokens_of(tokenizer, s["model"])
     model = model_class(folder).from_pretrained(folder, device=device)
     if max(specials.values()) >= model.config.vocab_size:
         raise CommandLineError(f"--model {s['model']}: its tokenizer's ids reach "

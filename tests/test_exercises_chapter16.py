@@ -374,3 +374,67 @@ def test_count_as_a_float_is_refused(capsys):
         return float(sum(r * (d_in + d_out) for d_out, d_in in shapes))
     assert not check_lora_parameter_count(count)
     capsys.readouterr()
+
+
+# --- hints added after the learner's review ----------------------------------------------------
+
+def test_labels_without_the_marker_positions(capsys):
+    def labels(turns, role_ids, end_id):
+        out = []
+        for role, content in turns:     # content and end only: one label short per turn
+            out += [*content, end_id] if role == "assistant" else [-100] * (len(content) + 1)
+        return out
+    assert "as long as the conversation" in _hint(check_sft_labels, labels, capsys)
+
+
+def test_labels_without_the_marker_positions_nor_the_end(capsys):
+    def labels(turns, role_ids, end_id):
+        return [i if role == "assistant" else -100 for role, content in turns for i in content]
+    assert "as long as the conversation" in _hint(check_sft_labels, labels, capsys)
+
+
+def test_loss_with_nll_loss_on_logits(capsys):
+    def loss(logits, labels):
+        return F.nll_loss(logits[:, :-1].transpose(1, 2), labels[:, 1:], ignore_index=-100)
+    assert "log-probabilities" in _hint(check_sft_loss, loss, capsys)
+
+
+def test_loss_with_zero_for_ignored(capsys):
+    def loss(logits, labels):
+        labels = labels.clone()
+        labels[labels == -100] = 0
+        return F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:])
+    assert "keep -100 in the labels" in _hint(check_sft_loss, loss, capsys)
+
+
+def test_forward_with_floor_division(capsys):
+    def forward(x, weight, A, B, alpha):
+        return x @ weight.T + alpha // A.shape[0] * (x @ A.T @ B.T)
+    assert "not alpha // r" in _hint(check_lora_forward, forward, capsys)
+
+
+def test_merge_with_floor_division(capsys):
+    def merge(weight, A, B, alpha):
+        return weight + (alpha // len(A)) * B @ A
+    assert "not alpha // r" in _hint(check_lora_merge, merge, capsys)
+
+
+def test_init_kaiming_uniform_as_peft(capsys):
+    """PEFT's start (and the package's LoRALinear's) is told apart from a wrong one."""
+    def init(in_features, out_features, r, generator):
+        A = torch.empty(r, in_features)
+        torch.nn.init.kaiming_uniform_(A, a=math.sqrt(5), generator=generator)
+        return A, torch.zeros(out_features, r)
+    assert "Kaiming-uniform" in _hint(check_lora_init, init, capsys)
+
+
+def test_count_with_the_frozen_weight(capsys):
+    def count(shapes, r):
+        return sum(d_in * d_out + r * (d_in + d_out) for d_out, d_in in shapes)
+    assert "frozen weight's in * out" in _hint(check_lora_parameter_count, count, capsys)
+
+
+def test_count_with_the_bias(capsys):
+    def count(shapes, r):
+        return sum(r * d_in + d_out * r + d_out for d_out, d_in in shapes)
+    assert "bias is frozen" in _hint(check_lora_parameter_count, count, capsys)

@@ -13,8 +13,8 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 * :data:`check_lora_merge` -- ``my_lora_merge(weight, A, B, alpha)``:
   ``W + (alpha / r) B A``.
 * :data:`check_lora_init` -- ``my_lora_init(in_features, out_features, r, generator)``:
-  ``(A, B)`` at the start, ``A`` random (``torch.randn`` divided by ``sqrt(in_features)``) and
-  ``B`` zero.
+  ``(A, B)`` at the start, ``A`` random (``torch.randn`` divided by ``sqrt(in_features)``, as the
+  LoRA paper draws it; PEFT and the package use Kaiming-uniform, which is hinted) and ``B`` zero.
 * :data:`check_lora_parameter_count` -- ``my_lora_parameter_count(shapes, r)``: the numbers
   LoRA trains for linear layers of the given ``(out_features, in_features)``.
 """
@@ -47,11 +47,12 @@ END_ID = 4
 
 
 def _labels(turns, role_ids, end_id, *, keep=lambda role: role == "assistant", marker=False,
-            end=True, other_end=False, fill=IGNORE):
+            end=True, other_end=False, fill=IGNORE, marker_slot=True):
     labels = []
     for role, content in turns:
         kept = keep(role)
-        labels.append(role_ids[role] if kept and marker else fill)
+        if marker_slot:
+            labels.append(role_ids[role] if kept and marker else fill)
         labels += list(content) if kept else [fill] * len(content)
         labels.append(end_id if (kept and end) or other_end else fill)
     return labels
@@ -116,6 +117,16 @@ check_sft_labels = Checker(
             lambda t, r, e: _labels(t, r, e, fill=0),
         "the label that the loss leaves out is -100 (cross_entropy's ignore_index), not -1":
             lambda t, r, e: _labels(t, r, e, fill=-1),
+        "one label per token, the role markers included: each turn starts with its marker, "
+        "which gets -100, so the labels are as long as the conversation":
+            lambda t, r, e: _labels(t, r, e, marker_slot=False),
+        "one label per token: each turn's role marker gets -100 and the assistant's "
+        "end-of-turn token its id, so the labels are as long as the conversation":
+            lambda t, r, e: _labels(t, r, e, marker_slot=False, end=False),
+        "one label per token: each turn is its role marker, its content and the end-of-turn "
+        "token, so the labels are as long as the conversation (the marker gets -100, the "
+        "assistant's end-of-turn token its id)": lambda t, r, e: [
+            i if role == "assistant" else IGNORE for role, content in t for i in content],
     },
     match_every_case=True,
 )
@@ -171,6 +182,13 @@ check_sft_loss = Checker(
             lambda logits, labels: _per_position(logits, labels).sum(),
         "divide by the number of labelled tokens only; the positions with -100 are not part of "
         "the mean": lambda logits, labels: _per_position(logits, labels).mean(),
+        "nll_loss expects log-probabilities, not logits: take log_softmax first, or use "
+        "cross_entropy, which does both": lambda logits, labels: F.nll_loss(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+            ignore_index=IGNORE),
+        "keep -100 in the labels: cross_entropy leaves out the positions labelled -100 (its "
+        "ignore_index); replaced by 0, every position counts, as if its next token were token "
+        "0": lambda logits, labels: _sft_loss(logits, labels.clamp_min(0)),
     },
     match_every_case=True,
 )
@@ -216,6 +234,8 @@ _SCALES = {
         lambda alpha, r: 1.0,
     "alpha / r, not alpha / sqrt(r): dividing by the root is rsLoRA, a variant (PEFT's "
     "use_rslora)": lambda alpha, r: alpha / math.sqrt(r),
+    "alpha / r, not alpha // r: floor division rounds the scale down (2 // 4 is 0)":
+        lambda alpha, r: alpha // r,
 }
 
 check_lora_forward = Checker(
@@ -279,10 +299,20 @@ def _a_zero(scale):
     return init
 
 
+def _kaiming_uniform(in_features, out_features, r, generator):
+    A = torch.nn.init.kaiming_uniform_(torch.empty(r, in_features), a=math.sqrt(5),
+                                       generator=generator)
+    return A, torch.zeros(out_features, r)
+
+
 check_lora_init = Checker(
     reference=_lora_init,
     cases=_init_cases(),
     mistakes={
+        "your A is Kaiming-uniform, as PEFT and the package draw it: a valid start too (B = 0 "
+        "is what matters), but this exercise asks for torch.randn(r, in_features, "
+        "generator=generator) / sqrt(in_features), so that the checker can compare the draws":
+            _kaiming_uniform,
         _A_ZERO + " (your B is drawn as A should be)": _a_zero(lambda n, r: 1 / math.sqrt(n)),
         _A_ZERO + " (and your B is drawn with scale 1/sqrt(r))": _a_zero(lambda n, r: 1 / r**.5),
         _A_ZERO + " (and your B is drawn without a scale)": _a_zero(lambda n, r: 1.0),
@@ -324,6 +354,10 @@ check_lora_parameter_count = Checker(
             lambda shapes, r: r * (shapes[0][0] + shapes[0][1]),
         "each layer's in_features and out_features may differ: r * (in + out), not 2 * r * in":
             lambda shapes, r: sum(2 * r * i for o, i in shapes),
+        "count only what LoRA trains, r * (in + out) per layer: the frozen weight's in * out "
+        "numbers are not trained": lambda shapes, r: sum(r * (i + o) + i * o for o, i in shapes),
+        "count only A and B: the layer's bias is frozen with its weight (out_features numbers "
+        "that are not trained)": lambda shapes, r: sum(r * (i + o) + o for o, i in shapes),
     },
     whole_numbers=True,
     match_every_case=True,

@@ -418,7 +418,8 @@ def save_adapter(model: nn.Module, path: str | os.PathLike, *,
         "inference_mode": True, "modules_to_save": None, "layers_to_transform": None,
         "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {},
     }
-    _write_adapter(folder, config, tensors)
+    pretrained.write_checkpoint(folder, config, tensors, weights_file=ADAPTER_WEIGHTS_FILE,
+                                config_file=ADAPTER_CONFIG_FILE)
 
 
 def _check_folder(path: object) -> Path:
@@ -429,20 +430,6 @@ def _check_folder(path: object) -> Path:
         raise ValueError(f"{folder} is a file; an adapter is a directory holding "
                          f"{ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE}")
     return folder
-
-
-def _write_adapter(folder: Path, config: dict, tensors: dict[str, Tensor]) -> None:
-    """Each file under a temporary name, then renamed: a reader never sees half a file."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    weights = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    tmp = folder / (ADAPTER_WEIGHTS_FILE + ".tmp")
-    save_file(weights, tmp, metadata={"format": "pt"})
-    os.replace(tmp, folder / ADAPTER_WEIGHTS_FILE)
-    tmp = folder / (ADAPTER_CONFIG_FILE + ".tmp")
-    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, folder / ADAPTER_CONFIG_FILE)
 
 
 # what our LoRALinear cannot express: PEFT's variants of LoRA, and extra trained modules

@@ -314,10 +314,11 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     return config, tensors
 
 
-def write_checkpoint(folder: str | os.PathLike, config: dict, tensors: dict[str, Tensor]) -> None:
-    """Write ``config.json`` and ``model.safetensors`` into ``folder`` (created if needed).
-    Each file is written under a temporary name and then renamed, so a reader never sees half a
-    file."""
+def write_checkpoint(folder: str | os.PathLike, config: dict, tensors: dict[str, Tensor], *,
+                     weights_file: str = WEIGHTS_FILE, config_file: str = CONFIG_FILE) -> None:
+    """Write ``config.json`` and ``model.safetensors`` (or the files named) into ``folder``
+    (created if needed). Each file is written under a temporary name and then renamed, so a
+    reader never sees half a file. A PEFT adapter is written the same way (chapter 16)."""
     from safetensors.torch import save_file
 
     if not isinstance(folder, (str, os.PathLike)):
@@ -327,12 +328,12 @@ def write_checkpoint(folder: str | os.PathLike, config: dict, tensors: dict[str,
         raise ValueError(f"{folder} is a file; save_pretrained writes a directory")
     folder.mkdir(parents=True, exist_ok=True)
     weights = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    tmp = folder / (WEIGHTS_FILE + ".tmp")
+    tmp = folder / (weights_file + ".tmp")
     save_file(weights, tmp, metadata={"format": "pt"})
-    os.replace(tmp, folder / WEIGHTS_FILE)
-    tmp = folder / (CONFIG_FILE + ".tmp")
+    os.replace(tmp, folder / weights_file)
+    tmp = folder / (config_file + ".tmp")
     tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, folder / CONFIG_FILE)
+    os.replace(tmp, folder / config_file)
 
 
 def checkpoint_dtype(tensors: Mapping[str, Tensor], *, source: str = "the checkpoint"

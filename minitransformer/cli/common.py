@@ -266,3 +266,15 @@ def chat_tokens_of(tokenizer, model: str) -> dict[str, int]:
             f"--model {model} has no chat format: its tokenizer lacks the special tokens "
             f"{', '.join(missing)}; `python -m minitransformer train` reserves them in every "
             f"model it trains (version 0.6 on), so train the base model with it") from None
+
+
+def in_processes(command, args: argparse.Namespace) -> int:
+    """``command(args, processes)`` with this run's processes (torchrun's, or this one), giving
+    torch's thread count back afterwards: ``main()`` may run inside a notebook or a test."""
+    procs = Processes(args.device)
+    before = torch.get_num_threads()
+    try:
+        return command(args, procs)
+    finally:
+        torch.set_num_threads(before)
+        procs.close()

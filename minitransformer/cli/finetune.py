@@ -37,6 +37,7 @@ from minitransformer.cli.common import (
     check_resumable,
     check_same_flags,
     distributed,
+    in_processes,
     mean_over_ranks,
     model_class,
     restore_checkpoint,
@@ -68,13 +69,7 @@ MERGED = "merged"
 
 
 def run(args: argparse.Namespace) -> int:
-    procs = Processes(args.device)
-    before = torch.get_num_threads()
-    try:
-        return _run(args, procs)
-    finally:
-        torch.set_num_threads(before)       # main() may run inside a notebook or a test
-        procs.close()
+    return in_processes(_run, args)
 
 
 def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict, dict | None]:

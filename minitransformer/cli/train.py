@@ -25,6 +25,7 @@ from minitransformer.cli.common import (
     check_resumable,
     check_same_flags,
     distributed,
+    in_processes,
     mean_over_ranks,
     restore_checkpoint,
     save_checkpoint,
@@ -58,13 +59,7 @@ EVAL_BATCHES = 20       # at most this many validation batches, the same at ever
 
 
 def run(args: argparse.Namespace) -> int:
-    procs = Processes(args.device)
-    before = torch.get_num_threads()
-    try:
-        return _run(args, procs)
-    finally:
-        torch.set_num_threads(before)       # main() may run inside a notebook or a test
-        procs.close()
+    return in_processes(_run, args)
 
 
 def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict, dict | None]:

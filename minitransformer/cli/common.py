@@ -8,6 +8,7 @@ package); :func:`minitransformer.cli.main` prints it as one line on stderr and e
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -278,3 +279,17 @@ def in_processes(command, args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(before)
         procs.close()
+
+
+def read_text(path: str) -> tuple[str, str]:
+    """The UTF-8 text of ``--data`` and its SHA-256 (a resumed run must read the same bytes)."""
+    file = Path(path)
+    if not file.is_file():
+        raise CommandLineError(f"--data {path}: no such file")
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CommandLineError(f"--data {path} is not UTF-8 text ({exc.reason} at byte "
+                               f"{exc.start})") from None
+    return text, hashlib.sha256(raw).hexdigest()

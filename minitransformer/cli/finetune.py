@@ -39,6 +39,7 @@ from minitransformer.cli.common import (
     distributed,
     in_processes,
     mean_over_ranks,
+    read_text,
     model_class,
     restore_checkpoint,
     save_checkpoint,
@@ -123,15 +124,7 @@ def _check_state(state: dict, path: Path) -> None:
 
 def _read_conversations(path: str) -> tuple[list[tuple[int, list]], str]:
     """Each line's number and messages, and the file's SHA-256. Blank lines are skipped."""
-    file = Path(path)
-    if not file.is_file():
-        raise CommandLineError(f"--data {path}: no such file")
-    raw = file.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CommandLineError(f"--data {path} is not UTF-8 text ({exc.reason} at byte "
-                               f"{exc.start})") from None
+    text, digest = read_text(path)
     conversations = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -149,7 +142,7 @@ def _read_conversations(path: str) -> tuple[list[tuple[int, list]], str]:
     if not conversations:
         raise CommandLineError(f"--data {path} is empty: it needs one {{\"messages\": [...]}} "
                                f"per line")
-    return conversations, hashlib.sha256(raw).hexdigest()
+    return conversations, digest
 
 
 def _assistant_tokens(tokenizer: BPETokenizer, conversations: list[tuple[int, list]],

@@ -27,6 +27,7 @@ from minitransformer.cli.common import (
     distributed,
     in_processes,
     mean_over_ranks,
+    read_text,
     restore_checkpoint,
     save_checkpoint,
     set_threads,
@@ -219,18 +220,10 @@ def _check(s: dict, world_size: int) -> None:
 
 def _read_text(path: str) -> tuple[str, str]:
     """The text of the data file and its SHA-256."""
-    file = Path(path)
-    if not file.is_file():
-        raise CommandLineError(f"--data {path}: no such file")
-    raw = file.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CommandLineError(f"--data {path} is not UTF-8 text ({exc.reason} at byte "
-                               f"{exc.start})") from None
+    text, digest = read_text(path)
     if not text.strip():
         raise CommandLineError(f"--data {path} is empty")
-    return text, hashlib.sha256(raw).hexdigest()
+    return text, digest
 
 
 def _split(ids: list[int], context_length: int, path: str) -> tuple[torch.Tensor, torch.Tensor]:

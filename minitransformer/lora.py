@@ -19,7 +19,6 @@ and ``v_proj`` each have their own, so an adapter on them is refused in either d
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -483,9 +482,7 @@ def load_adapter(model: nn.Module, path: str | os.PathLike) -> nn.Module:
 
 
 def _read_adapter(folder: Path) -> tuple[dict, dict[str, Tensor]]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+    """``(adapter_config, tensors)``; a missing file is named, with a word on a pickled one."""
     if not folder.is_dir():
         raise FileNotFoundError(f"no such directory: {folder}")
     config_path, weights_path = folder / ADAPTER_CONFIG_FILE, folder / ADAPTER_WEIGHTS_FILE
@@ -495,17 +492,8 @@ def _read_adapter(folder: Path) -> tuple[dict, dict[str, Tensor]]:
                     "never loads: it can run code)") if (folder / "adapter_model.bin").exists() \
                 else ""
             raise FileNotFoundError(f"{file} does not exist{hint}")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{config_path} is not a JSON file ({exc})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
-    try:
-        tensors = load_file(weights_path, device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"{weights_path} is not a readable safetensors file ({exc})") from None
-    return config, tensors
+    return pretrained.read_checkpoint(folder, weights_file=ADAPTER_WEIGHTS_FILE,
+                                      config_file=ADAPTER_CONFIG_FILE)
 
 
 def _adapter_settings(config: dict, source: str) -> tuple[int, float, float]:

@@ -277,8 +277,10 @@ def resolve(path: str | os.PathLike) -> Path:
                                 f"as a Hub repo id ({reason}); {by_hand}") from None
 
 
-def read_checkpoint(folder: Path) -> tuple[dict, dict[str, Tensor]]:
-    """``(config, tensors)`` of a checkpoint directory, on the CPU.
+def read_checkpoint(folder: Path, *, weights_file: str = WEIGHTS_FILE,
+                    config_file: str = CONFIG_FILE) -> tuple[dict, dict[str, Tensor]]:
+    """``(config, tensors)`` of a checkpoint directory (or of the files named: a PEFT adapter's,
+    chapter 16), on the CPU.
 
     Raises:
         FileNotFoundError: a file is missing (a pickle such as ``pytorch_model.bin`` is not
@@ -290,7 +292,7 @@ def read_checkpoint(folder: Path) -> tuple[dict, dict[str, Tensor]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    config_path, weights_path = folder / config_file, folder / weights_file
     for file in (config_path, weights_path):
         if not file.is_file():
             pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(

@@ -349,9 +349,9 @@ def test_refusals(tok):
         sequence_log_probs(torch.zeros(1, 2, 5), torch.tensor([[-1, 2]]))
     with pytest.raises(ValueError, match="from 0 to 5"):
         sequence_log_probs(torch.zeros(1, 2, 5), torch.tensor([[0, 5]]))
-    bad = [({"prompt": "a", "chosen": "b"}, ValueError, r"pairs\[0\] has no 'rejected'"),
+    bad = [({"prompt": "a", "chosen": "b"}, ValueError, r"pairs\[0\]: the pair has no 'rejected'"),
            ({"prompt": "a", "chosen": "b", "rejected": [{"role": "assistant", "content": "x"}]},
-            TypeError, r"pairs\[0\] mixes plain text and lists of messages"),
+            TypeError, r"pairs\[0\]: the pair mixes plain text and lists of messages"),
            ({"prompt": "", "chosen": "b", "rejected": "c"}, ValueError,
             r"pairs\[0\]: prompt is empty"),
            ({"prompt": "a", "chosen": "b<|end|>", "rejected": "c"}, ValueError,
@@ -366,18 +366,18 @@ def test_refusals(tok):
            ({"prompt": [{"role": "bot", "content": "a"}],
              "chosen": [{"role": "assistant", "content": "b"}],
              "rejected": [{"role": "assistant", "content": "c"}]}, ValueError, "role 'bot'"),
-           (["a", "b", "c"], TypeError, r"pairs\[0\] must be a dict")]
+           (["a", "b", "c"], TypeError, r"pairs\[0\]: the pair must be a dict")]
     for pair, error, match in bad:
         with pytest.raises(error, match=match):
             dpo_batch(tok, [pair])
     with pytest.raises(ValueError, match="pairs is empty"):
         dpo_batch(tok, [])
-    with pytest.raises(ValueError, match=r"pairs\[0\].chosen is \d+ tokens long with its "
+    with pytest.raises(ValueError, match=r"pairs\[0\]: chosen is \d+ tokens long with its "
                                          r"prompt, more than the context of 3"):
         dpo_batch(tok, PLAIN[:1], context_length=3)
     with pytest.raises(ValueError, match="prompts and responses must be equally many"):
         preference_batch(tok, ["a", "b"], [" c"])
-    with pytest.raises(ValueError, match=r"pairs\[1\] has no 'prompt'"):
+    with pytest.raises(ValueError, match=r"pairs\[1\]: the pair has no 'prompt'"):
         next(dpo_batches(tok, [PLAIN[0], {}], batch_size=2,
                          generator=torch.Generator().manual_seed(0)))
     model = make("gpt", tok, 1)

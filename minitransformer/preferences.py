@@ -353,7 +353,7 @@ class DPO(nn.Module):
             a copy of ``policy`` as it is now.
         beta: DPO's β (> 0).
 
-    ``metrics`` holds the last forward's ``reward_accuracy``, ``chosen_reward``,
+    ``metrics`` holds the last forward's ``loss``, ``reward_accuracy``, ``chosen_reward``,
     ``rejected_reward`` (batch means of :func:`implicit_rewards`) and ``margin``.
     """
 
@@ -397,7 +397,8 @@ class DPO(nn.Module):
         with torch.no_grad():
             chosen = implicit_rewards(policy_chosen, ref_chosen, beta=self.beta)
             rejected = implicit_rewards(policy_rejected, ref_rejected, beta=self.beta)
-            self.metrics = {"reward_accuracy": preference_accuracy(chosen, rejected),
+            self.metrics = {"loss": loss.item(),
+                            "reward_accuracy": preference_accuracy(chosen, rejected),
                             "chosen_reward": chosen.mean().item(),
                             "rejected_reward": rejected.mean().item(),
                             "margin": (chosen - rejected).mean().item()}

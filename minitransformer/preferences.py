@@ -5,7 +5,7 @@ as TRL's ``DPOTrainer`` reads them: ``{"prompt": ..., "chosen": ..., "rejected":
 plain strings or chapter 16's lists of messages. DPO (Rafailov et al., 2023) trains a policy
 ``π`` against a frozen reference ``π_ref`` (the model it starts from) with::
 
-    loss = -log σ(β · ((log π(y_c|x) - log π_ref(y_c|x)) - (log π(y_r|x) - log π_ref(y_r|x))))
+    loss = -log σ(β · [(log π(y_c|x) - log π_ref(y_c|x)) - (log π(y_r|x) - log π_ref(y_r|x))])
 
 where ``log π(y|x)`` is :func:`sequence_log_probs`: the sum of the response tokens'
 log-probabilities given the prompt, with the prompt and the padding left out. At the first step
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minitransformer import _checks
+from minitransformer.training import TrainingHistory, train
 from minitransformer.chat import END_OF_TURN, PAD, check_chat_tokenizer, encode_chat
 from minitransformer.sft import IGNORE_INDEX
 
@@ -368,6 +369,10 @@ class DPO(nn.Module):
             raise ValueError("reference is the policy itself: it would move with it; pass a "
                              "copy (or None for one)")
         self.beta = _checks.check_number("beta", beta, positive=True)
+        where = {p.device for p in (*policy.parameters(), *reference.parameters())}
+        if len(where) > 1:
+            raise ValueError(f"policy and reference must be on one device, got "
+                             f"{sorted(map(str, where))}")
         self.policy = policy
         self.reference = reference.requires_grad_(False).eval()
         self.metrics: dict[str, float] = {}
@@ -407,15 +412,15 @@ class DPO(nn.Module):
 
 def dpo_train(policy: nn.Module, tokenizer: object, pairs: Sequence[Mapping[str, object]], *,
               reference: nn.Module | None = None, beta: float = 0.1, steps: int = 100,
-              lr: float = 1e-4, batch_size: int = 8, seed: int = 0, progress: bool = True):
+              lr: float = 1e-4, batch_size: int = 8, seed: int = 0,
+              progress: bool = True) -> TrainingHistory:
     """Train ``policy`` with DPO on ``pairs`` for ``steps`` updates of ``batch_size`` pairs
     drawn with ``seed``, through chapter 9's :func:`~minitransformer.training.train` (AdamW
     without weight decay, as TRL: a decay would pull the weights towards zero, not towards
-    the reference; warm-up then cosine decay; gradient clipping). ``reference`` defaults to a frozen copy of
-    ``policy`` as it is now. Returns the :class:`~minitransformer.training.TrainingHistory`
-    (its ``train_losses`` are each step's DPO loss; the first is ln 2)."""
-    from minitransformer.training import train
-
+    the reference; warm-up then cosine decay; gradient clipping). ``reference`` defaults to
+    a frozen copy of ``policy`` as it is now. Returns the
+    :class:`~minitransformer.training.TrainingHistory`, whose ``train_losses`` are each
+    step's DPO loss (the first is ln 2)."""
     _checks.check_int("seed", seed, low=0)
     model = DPO(policy, reference, beta=beta)
     device = next(policy.parameters()).device

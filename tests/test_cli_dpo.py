@@ -10,7 +10,12 @@ import contextlib
 import io
 import json
 import os
+import random
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -168,13 +173,10 @@ def test_lora_writes_a_merged_model_transformers_loads(llama_base, data, tmp_pat
     assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed)
 
 
-@pytest.mark.parametrize("mode", ["full", "lora"])
-def test_interrupted_then_resumed_is_bit_identical(mode, gpt_base, data, tmp_path,
-                                                   monkeypatch):
-    """A run stopped (Ctrl-C) right after the checkpoint of step 3, then resumed: the weights,
-    optimizer moments and RNG states equal those of the run never stopped."""
-    lora = ["--lora-rank", "2"] if mode == "lora" else []
-    flags = ["--model", gpt_base, "--data", data / "pairs.jsonl", *QUICK, *lora]
+def test_interrupted_then_resumed_is_bit_identical(gpt_base, data, tmp_path, monkeypatch):
+    """A LoRA run stopped (Ctrl-C) right after the checkpoint of step 3, then resumed: the
+    weights, optimizer moments, LoRA matrices and RNG states equal the run never stopped."""
+    flags = ["--model", gpt_base, "--data", data / "pairs.jsonl", *QUICK, "--lora-rank", "2"]
     straight = tmp_path / "straight"
     assert run("dpo", "--out", straight, *flags)[0] == 0
     out = tmp_path / "stopped"
@@ -197,6 +199,41 @@ def test_interrupted_then_resumed_is_bit_identical(mode, gpt_base, data, tmp_pat
                  checkpoints.load_tensors(straight / "ckpt-6")[1])
     status, stdout, _ = run("dpo", "--out", out, *flags, "--resume")
     assert status == 0 and "is complete" in stdout
+
+
+def saved_step(out: Path) -> int:
+    try:
+        return json.loads((out / "trainer_state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_sigkill_then_resume_is_bit_identical(gpt_base, data, tmp_path):
+    """A process killed at a random moment after a checkpoint (saved every step), then resumed
+    in this process: the weights, optimizer moments and RNG states equal the run never
+    stopped."""
+    flags = ["--model", gpt_base, "--data", data / "pairs.jsonl", *QUICK, "--steps", "20"]
+    straight = tmp_path / "straight"
+    assert run("dpo", "--out", straight, *flags)[0] == 0
+    out = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minitransformer", "dpo", "--out", str(out), *map(str, flags),
+         "--save-every", "1"], env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 120
+    while saved_step(out) < 3 and process.poll() is None and time.monotonic() < end:
+        time.sleep(0.01)
+    time.sleep(random.uniform(0.0, 0.05))   # a random moment, before the run can end
+    process.send_signal(signal.SIGKILL)
+    _, stderr = process.communicate()
+    step = saved_step(out)
+    assert process.returncode == -signal.SIGKILL and 3 <= step < 20, (step, stderr[-2000:])
+    status, stdout, stderr = run("dpo", "--out", out, *flags, "--resume")
+    assert status == 0, stderr
+    assert f"resuming from step {step}" in stdout
+    assert equal(tensors(out / "model.safetensors"), tensors(straight / "model.safetensors"))
+    assert equal(checkpoints.load_tensors(out / "ckpt-20")[1],
+                 checkpoints.load_tensors(straight / "ckpt-20")[1])
 
 
 def test_resume_refuses_another_flag_a_changed_file_and_another_run(gpt_base, data, tmp_path):

@@ -271,6 +271,16 @@ def test_resume_refuses_a_changed_reference(gpt_base, data, tmp_path):
     assert f"--model {model} changed since the run began" in stderr, stderr
 
 
+def test_torchrun_is_refused_in_one_line(gpt_base, data, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    status, stdout, stderr = run("dpo", "--model", gpt_base, "--data", data / "pairs.jsonl",
+                                 "--out", tmp_path / "out", *QUICK)
+    assert status == 2 and stderr == "minitransformer: error: dpo runs in one process: " \
+        "torchrun is not supported\n" and stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.fixture(scope="module")
 def plain_model(tmp_path_factory) -> Path:
     """A model directory whose tokenizer has no chat tokens (written by an older train)."""

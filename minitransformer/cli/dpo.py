@@ -57,6 +57,8 @@ LORA_PREFIX = "lora."
 
 
 def run(args: argparse.Namespace) -> int:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:     # before any process group is made
+        raise CommandLineError("dpo runs in one process: torchrun is not supported")
     return in_processes(_run, args)
 
 
@@ -164,8 +166,6 @@ def _load_lora(model: torch.nn.Module, tensors: dict, folder: Path) -> None:
 
 
 def _run(args: argparse.Namespace, procs: Processes) -> int:
-    if procs.world_size > 1:
-        raise CommandLineError("dpo runs in one process: torchrun is not supported")
     out = Path(args.out)
     s, resumed = _settings(args, out)
     lora = s["lora_rank"] is not None

@@ -335,7 +335,8 @@ def dpo_batches(tokenizer: object, pairs: Sequence[Mapping[str, object]], *, bat
         except (TypeError, ValueError) as error:
             raise type(error)(f"pairs[{n}]: {error}") from None
     while True:
-        picks = torch.randint(len(pairs), (batch_size,), generator=generator).tolist()
+        picks = torch.randint(len(pairs), (batch_size,), generator=generator,
+                              device=generator.device).tolist()
         yield dpo_batch(tokenizer, [pairs[i] for i in picks], context_length=context_length,
                         device=device)
 
@@ -391,6 +392,8 @@ class DPO(nn.Module):
         return logits, sequence_log_probs(logits, targets), ref
 
     def forward(self, idx: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """``(policy logits, DPO loss)`` for :func:`dpo_batch`'s ``(idx, targets)``: ``2B``
+        rows, the chosen responses then the rejected ones."""
         if idx.ndim != 2 or idx.shape[0] % 2:
             raise ValueError(f"idx must be (2B, T): B chosen rows then B rejected rows "
                              f"(dpo_batch), got {tuple(idx.shape)}")

@@ -286,6 +286,36 @@ def _llama():
             mt.generate(model, idx, 3, temperature=0))
 
 
+@case("DPO", "dpo_batch", "dpo_loss", "dpo_train", "implicit_rewards", "kl_estimate",
+      "per_token_log_probs", "preference_accuracy", "preference_batch", "sequence_log_probs")
+def _preferences():
+    from minitransformer.chat import CHAT_TOKENS
+
+    tokenizer = mt.BPETokenizer.train("the cat sat on the mat " * 4, 262,
+                                      special_tokens=CHAT_TOKENS)
+    pairs = [{"prompt": "the cat", "chosen": " sat", "rejected": " mat"},
+             {"prompt": [{"role": "user", "content": "cat?"}],
+              "chosen": [{"role": "assistant", "content": "sat"}],
+              "rejected": [{"role": "assistant", "content": "mat"}]}]
+    config = mt.GPTConfig(vocab_size=len(tokenizer), context_length=32, num_layers=1,
+                          num_heads=2, d_model=8)
+    policy = mt.GPT(config, device=DEVICE)
+    idx, targets = mt.dpo_batch(tokenizer, pairs, device=DEVICE)
+    dpo = mt.DPO(policy, beta=0.1)
+    logits, loss = dpo(idx, targets)
+    scores = mt.sequence_log_probs(logits, targets)
+    chosen, rejected = scores.chunk(2)
+    assert isinstance(mt.preference_accuracy(chosen, rejected), float)
+    history = mt.dpo_train(policy, tokenizer, pairs, steps=2, lr=1e-3, batch_size=2,
+                           progress=False)
+    assert len(history.train_losses) == 2
+    return (idx, targets, dpo, loss, scores, mt.per_token_log_probs(logits, targets),
+            mt.preference_batch(tokenizer, ["the"], [" cat"], device=DEVICE),
+            mt.implicit_rewards(chosen, rejected, beta=0.1),
+            mt.dpo_loss(chosen, rejected, chosen, rejected, beta=0.1),
+            mt.kl_estimate(logits, logits.detach(), targets))
+
+
 # --- the tests ------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -419,6 +419,8 @@ def chat_prompts(tokenizer: object, rows: Sequence[Mapping[str, object]]) -> lis
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
         raise TypeError(f"rows must be a list of rows with a 'prompt', got "
                         f"{_checks._type_name(rows)}")
+    if not rows:
+        raise ValueError("rows is empty: there is no prompt")
     ids = []
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping) or "prompt" not in row:
@@ -445,10 +447,8 @@ def chat_rewards(tokenizer: object, rows: Sequence[Mapping[str, object]],
     """A ``reward`` for :func:`grpo_step`: it decodes the completions and calls each reward
     function as TRL's ``GRPOTrainer`` does, ``f(prompts=..., completions=..., **columns)``
     with every other column of the rows repeated ``group_size`` times; the sum is the reward."""
-    funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
-    for f in funcs:
-        if not callable(f):
-            raise TypeError(f"reward_funcs must be functions, got {_checks._type_name(f)}")
+    funcs = _check_reward_funcs(reward_funcs)
+    chat_prompts(tokenizer, rows)                                   # the rows are checked
     repeat = [row for row in rows for _ in range(group_size)]
     columns = {key: [row[key] for row in repeat] for key in rows[0] if key != "prompt"}
     prompts = [row["prompt"] for row in repeat]
@@ -458,10 +458,32 @@ def chat_rewards(tokenizer: object, rows: Sequence[Mapping[str, object]],
         totals = [0.0] * len(texts)
         for f in funcs:
             values = f(prompts=prompts, completions=texts, **columns)
-            totals = [t + float(v) for t, v in zip(totals, values, strict=True)]
+            name = getattr(f, "__name__", type(f).__name__)
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) \
+                    or len(values) != len(texts):
+                raise ValueError(f"reward function {name} must return one number for each of "
+                                 f"the {len(texts)} completions, got {_checks._type_name(values)}"
+                                 f"{f' of {len(values)}' if isinstance(values, Sequence) else ''}")
+            for i, value in enumerate(values):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise TypeError(f"reward function {name} returned "
+                                    f"{_checks._type_name(value)} ({value!r}) at index {i}: "
+                                    f"a reward is a number")
+            totals = [t + float(v) for t, v in zip(totals, values)]
         return totals
 
     return reward
+
+
+def _check_reward_funcs(reward_funcs: object) -> list[Callable]:
+    funcs = [reward_funcs] if callable(reward_funcs) else reward_funcs
+    if isinstance(funcs, (str, bytes)) or not isinstance(funcs, Sequence) or not funcs:
+        raise TypeError(f"reward_funcs must be a reward function or a list of them, got "
+                        f"{_checks._type_name(reward_funcs)}")
+    for f in funcs:
+        if not callable(f):
+            raise TypeError(f"reward_funcs must be functions, got {_checks._type_name(f)}")
+    return list(funcs)
 
 
 def mean_reward(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, object]],
@@ -506,7 +528,7 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
     if not rows:
         raise ValueError("rows is empty: there is no prompt to learn from")
     eos = check_chat_tokenizer(tokenizer)[END_OF_TURN]
-    funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    funcs = _check_reward_funcs(reward_funcs)
     scorer = eval_reward or funcs[0]
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)

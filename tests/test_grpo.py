@@ -20,7 +20,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never the
 import pytest
 import torch
 
-from minitransformer import GPT, GPTConfig, data, generate
+from minitransformer import GPT, GPTConfig, Llama, LlamaConfig, data, generate
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.chat import CHAT_TOKENS, END_OF_TURN, write_chat_template
 from minitransformer.grpo import (
@@ -276,8 +276,15 @@ def count_forwards(model):
     return calls
 
 
-def test_sampling_a_group_is_one_forward_per_step():
-    model = tiny_gpt()
+def tiny_llama(vocab_size=16, context_length=32):
+    torch.manual_seed(0)
+    return Llama(LlamaConfig(vocab_size=vocab_size, context_length=context_length,
+                             num_layers=2, num_heads=2, num_kv_heads=1, d_model=16))
+
+
+@pytest.mark.parametrize("make", [tiny_gpt, tiny_llama])
+def test_sampling_a_group_is_one_forward_per_step(make):
+    model = make()
     calls = count_forwards(model)
     prompts = [[1, 2, 3], [4, 5, 6]]
     completions = sample_group(model, prompts, 8, 5, generator=torch.Generator().manual_seed(0))
@@ -287,6 +294,26 @@ def test_sampling_a_group_is_one_forward_per_step():
     calls.clear()
     sample_group(model, [[1, 2], [3, 4, 5], [6, 7]], 4, 3)
     assert calls == [8] * 3 + [4] * 3
+
+
+@pytest.mark.parametrize("make", [tiny_gpt, tiny_llama])
+def test_sampling_a_group_is_one_decode_step_per_token(make):
+    """The same count on the fast path that an unhooked model takes: the prefill and each
+    decode step are one call of the step function for all the rows."""
+    model = make()
+    calls, make_step = [], model.make_decode_step
+
+    def counting_step():
+        step = make_step()
+
+        def counted(idx, cache):
+            calls.append(tuple(idx.shape))
+            return step(idx, cache)
+        return counted
+
+    model.make_decode_step = counting_step
+    sample_group(model, [[1, 2, 3], [4, 5, 6]], 8, 5)
+    assert calls == [(16, 3)] + [(16, 1)] * 4
 
 
 def test_group_samples_are_those_of_generate():
@@ -523,3 +550,31 @@ def test_loss_equals_trl_grpo_trainer(trl_setup, loss_type, beta, correction):
     for our, their in [(ours.token_embedding, body.wte), (ours.position_embedding, body.wpe),
                        (ours.norm, body.ln_f), (ours.layers[0].norm1, body.h[0].ln_1)]:
         torch.testing.assert_close(our.weight.grad, their.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_chat_reward_refusals(chat_setup):
+    from minitransformer.grpo import chat_rewards
+
+    tok, train, _ = chat_setup
+    with pytest.raises(ValueError, match="reward function <lambda> must return one number for "
+                                         "each of the 4 completions, got list of 3"):
+        chat_rewards(tok, train[:2], lambda completions, **kw: [0.0] * 3, 2)([[5]] * 4)
+    with pytest.raises(TypeError, match=r"reward function <lambda> returned NoneType \(None\) "
+                                        r"at index 0"):
+        chat_rewards(tok, train[:1], lambda completions, **kw: [None, 1], 2)([[5]] * 2)
+    with pytest.raises(TypeError, match="reward_funcs must be a reward function or a list"):
+        chat_rewards(tok, train[:1], [], 2)
+    with pytest.raises(ValueError, match="rows is empty"):
+        chat_rewards(tok, [], data.reward_exact, 2)
+    with pytest.raises(ValueError, match=r"rows\[0\] must be a dict with a 'prompt'"):
+        chat_rewards(tok, [{"answer": "x"}], data.reward_exact, 2)
+    # TRL's signature: the other columns arrive as keyword arguments, repeated per completion
+    seen = {}
+
+    def spy(prompts, completions, answer, task, **kwargs):
+        seen.update(prompts=prompts, answer=answer, task=task)
+        return [1.0] * len(completions)
+
+    assert chat_rewards(tok, train[:2], [spy, spy], 3)([[5]] * 6) == [2.0] * 6
+    assert seen["answer"] == [train[0]["answer"]] * 3 + [train[1]["answer"]] * 3
+    assert seen["prompts"][3] == train[1]["prompt"]

@@ -327,9 +327,9 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
               reward: Callable[[list[list[int]]], Sequence[float]], *, group_size: int,
               max_new_tokens: int, eos_id: int | None = None, ref_model: nn.Module | None = None,
               beta: float = 0.0, epsilon: float = 0.2, loss_type: str = "grpo",
-              kl_correction: bool = False, num_iterations: int = 1, temperature: float = 1.0, top_k: int | None = None,
-              advantage: str = "group", generator: torch.Generator | None = None
-              ) -> dict[str, float]:
+              kl_correction: bool = False, num_iterations: int = 1, temperature: float = 1.0,
+              top_k: int | None = None, advantage: str = "group",
+              generator: torch.Generator | None = None) -> dict[str, float]:
     """One round of GRPO, on-policy: sample ``G`` completions per prompt, score them, compare
     each with its group, and take ``num_iterations`` optimizer steps on the clipped loss.
 
@@ -504,7 +504,8 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
                group_size: int, lr: float, max_new_tokens: int, seed: int = 0,
                ref_model: nn.Module | None = None, beta: float = 0.0, epsilon: float = 0.2,
                loss_type: str = "grpo", kl_correction: bool = False, num_iterations: int = 1,
-               temperature: float = 1.0, advantage: str = "group", eval_rows: Sequence[Mapping[str, object]] | None = None,
+               temperature: float = 1.0, advantage: str = "group",
+               eval_rows: Sequence[Mapping[str, object]] | None = None,
                eval_reward: Callable | None = None, eval_every: int = 10
                ) -> list[dict[str, float]]:
     """GRPO on chapter 16's chat format, with TRL-style rows and reward functions: ``steps``
@@ -550,8 +551,8 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
         stats = grpo_step(model, optimizer, chat_prompts(tokenizer, batch), reward,
                           group_size=group_size, max_new_tokens=max_new_tokens, eos_id=eos,
                           ref_model=ref_model, beta=beta, epsilon=epsilon, loss_type=loss_type,
-                          kl_correction=kl_correction, num_iterations=num_iterations, temperature=temperature,
-                          advantage=advantage, generator=generator)
+                          kl_correction=kl_correction, num_iterations=num_iterations,
+                          temperature=temperature, advantage=advantage, generator=generator)
         stats["step"] = step
         if eval_rows and (step % eval_every == 0 or step == steps):
             stats["held_out"] = held_out()

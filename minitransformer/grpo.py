@@ -364,12 +364,12 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     idx, targets = completion_batch(prompt_ids, completions, device=device)
     mask = targets != IGNORE_INDEX
     with torch.no_grad():
-        old = completion_log_probs(model, idx, targets, temperature=temperature)
         ref = (completion_log_probs(ref_model, idx, targets, temperature=temperature)
                if beta else None)
-    first = None
+    first, old = None, None
     for _ in range(num_iterations):
         log_probs = completion_log_probs(model, idx, targets, temperature=temperature)
+        old = log_probs.detach() if old is None else old    # the policy that sampled them
         terms = _grpo_terms(log_probs, old, advantages.to(log_probs.dtype), mask,
                             epsilon=epsilon, epsilon_high=None, beta=beta, ref_log_probs=ref,
                             loss_type=loss_type, kl_correction=kl_correction)

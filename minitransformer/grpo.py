@@ -123,6 +123,9 @@ def grpo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask
             where the mask is True, an empty mask, a bad option, ``beta > 0`` without
             ``ref_log_probs`` or ``ref_log_probs`` with ``beta = 0``.
     """
+    if beta == 0 and ref_log_probs is not None:
+        raise ValueError("ref_log_probs given with beta=0: the KL term would be left out; "
+                         "pass beta > 0 or leave ref_log_probs out")
     return _grpo_terms(log_probs, old_log_probs, advantages, mask, epsilon=epsilon,
                        epsilon_high=epsilon_high, beta=beta, ref_log_probs=ref_log_probs,
                        loss_type=loss_type, kl_correction=kl_correction)["loss"]
@@ -132,8 +135,9 @@ def _grpo_terms(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
                 epsilon: float, epsilon_high: float | None, beta: float,
                 ref_log_probs: Tensor | None, loss_type: str,
                 kl_correction: bool = False) -> dict[str, Tensor]:
-    """:func:`grpo_loss` and what a training step reports: the share of clipped tokens and the
-    mean KL estimate."""
+    """:func:`grpo_loss` and what a training step reports: the share of clipped tokens and,
+    with ``ref_log_probs``, the mean KL estimate (measured, and in the loss only if
+    ``beta > 0``)."""
     low, high, beta = _check_loss_options(epsilon, epsilon_high, beta, ref_log_probs, loss_type)
     _checks.check_type("kl_correction", kl_correction, bool, "True or False")
     _check_loss_tensors(log_probs, old_log_probs, advantages, mask, ref_log_probs)
@@ -142,9 +146,10 @@ def _grpo_terms(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
     clipped = torch.clamp(ratio, 1 - low, 1 + high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
     kl = None
-    if beta != 0.0:
+    if ref_log_probs is not None:
         diff = ref_log_probs - log_probs
         kl = torch.exp(diff) - diff - 1                                         # k3, >= 0
+    if beta != 0.0:
         per_token = per_token + beta * (kl * ratio if kl_correction else kl)
     weights = mask.to(per_token.dtype)
     if loss_type == "grpo":
@@ -174,9 +179,6 @@ def _check_loss_options(epsilon: object, epsilon_high: object, beta: object,
     if beta > 0 and ref_log_probs is None:
         raise ValueError(f"beta={beta!r} weights a KL term to the reference: pass its "
                          f"ref_log_probs")
-    if beta == 0 and ref_log_probs is not None:
-        raise ValueError("ref_log_probs given with beta=0: the KL term would be left out; "
-                         "pass beta > 0 or leave ref_log_probs out")
     _checks.check_choice("loss_type", loss_type, LOSS_TYPES)
     return low, high, beta
 
@@ -339,6 +341,9 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     ``"batch"`` (normalised over the whole batch instead of each group) or ``"raw"`` (the
     rewards themselves), to show what the group does.
 
+    With ``ref_model``, the KL estimate to it is measured (``"kl"``), and with ``beta > 0``
+    it is in the loss too.
+
     Returns:
         ``{"loss", "reward", "reward_std", "length", "clip_fraction"}`` (and ``"kl"`` with a
         reference model): the first iteration's loss, the mean reward, the mean spread of the
@@ -364,8 +369,8 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     idx, targets = completion_batch(prompt_ids, completions, device=device)
     mask = targets != IGNORE_INDEX
     with torch.no_grad():
-        ref = (completion_log_probs(ref_model, idx, targets, temperature=temperature)
-               if beta else None)
+        ref = (None if ref_model is None else
+               completion_log_probs(ref_model, idx, targets, temperature=temperature))
     first, old = None, None
     for _ in range(num_iterations):
         log_probs = completion_log_probs(model, idx, targets, temperature=temperature)

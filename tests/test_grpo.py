@@ -382,6 +382,12 @@ def test_a_grpo_step_with_a_reference_reports_the_kl():
                       group_size=4, max_new_tokens=3, ref_model=ref, beta=0.1,
                       generator=torch.Generator().manual_seed(0))
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6)   # the same weights: no divergence
+    # measured without being in the loss (beta=0), after the policy has moved
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    moved = [grpo_step(model, optimizer, [[1, 2]], lambda c: [float(sum(c)) for c in c],
+                       group_size=4, max_new_tokens=3, ref_model=ref,
+                       generator=torch.Generator().manual_seed(0)) for _ in range(3)]
+    assert moved[0]["kl"] == pytest.approx(0.0, abs=1e-6) and moved[-1]["kl"] > 1e-3
 
 
 def test_grpo_step_refusals():

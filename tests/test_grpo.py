@@ -469,11 +469,24 @@ def test_grpo_train_runs_on_chat_rows(chat_setup):
                          batch_size=2, group_size=3, lr=1e-3, max_new_tokens=6, eval_rows=val,
                          eval_reward=data.reward_exact, eval_every=2)
     assert [h["step"] for h in history] == [0, 1, 2, 3]
+    again = grpo_train(tiny_gpt(len(tok), context_length=64), tok, train,
+                       [data.reward_overlap, data.reward_length], steps=3, batch_size=2,
+                       group_size=3, lr=1e-3, max_new_tokens=6, eval_rows=val,
+                       eval_reward=data.reward_exact, eval_every=2)
+    assert again == history                          # seeded: the same run twice
     assert "held_out" in history[0] and "held_out" in history[2] and "held_out" in history[3]
     assert abs(history[1]["loss"]) < 1e-6
     assert 0 <= history[-1]["held_out"] <= 1
-    answers = [{**row, "answer": row["answer"]} for row in val]
-    assert mean_reward(model, tok, answers, data.reward_length, max_new_tokens=6) <= 6
+    # mean_reward: the greedy replies, cut at <|end|>, scored
+    end = tok.special_tokens[END_OF_TURN]
+    words = []
+    for row in val:
+        prompt = torch.tensor([tok.apply_chat_template(row["prompt"],
+                                                       add_generation_prompt=True)])
+        new = generate(model, prompt, 6, temperature=0.0, eos_id=end)[0, prompt.shape[1]:]
+        words.append(len(tok.decode([t for t in new.tolist() if t != end]).split()))
+    assert mean_reward(model, tok, val, data.reward_length, max_new_tokens=6) == \
+        pytest.approx(sum(words) / len(words))
 
 
 # --- against TRL ----------------------------------------------------------------------------

@@ -492,15 +492,18 @@ def _check_reward_funcs(reward_funcs: object) -> list[Callable]:
 
 
 def mean_reward(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, object]],
-                reward_func: Callable, *, max_new_tokens: int) -> float:
-    """The mean reward of the model's greedy replies to ``rows``' prompts (with
-    :func:`~minitransformer.data.reward_exact`, the held-out accuracy)."""
-    from minitransformer.chat import END_OF_TURN
+                reward_func: Callable, *, max_new_tokens: int, temperature: float = 0.0,
+                samples: int = 1, generator: torch.Generator | None = None) -> float:
+    """The mean reward of the model's replies to ``rows``' prompts: greedy by default (with
+    :func:`~minitransformer.data.reward_exact`, the held-out accuracy), or ``samples`` replies
+    each drawn at ``temperature`` (the accuracy of a sampled reply)."""
+    from minitransformer.chat import END_OF_TURN, check_chat_tokenizer
 
+    end = check_chat_tokenizer(tokenizer)[END_OF_TURN]
     ids = chat_prompts(tokenizer, rows)
-    end = tokenizer.special_tokens[END_OF_TURN]
-    completions = sample_group(model, ids, 1, max_new_tokens, temperature=0.0, eos_id=end)
-    values = chat_rewards(tokenizer, rows, reward_func, 1)(completions)
+    completions = sample_group(model, ids, samples, max_new_tokens, temperature=temperature,
+                               eos_id=end, generator=generator)
+    values = chat_rewards(tokenizer, rows, reward_func, samples)(completions)
     return sum(values) / len(values)
 
 

@@ -24,6 +24,8 @@ from minitransformer import GPT, GPTConfig, Llama, LlamaConfig, data, generate
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.chat import CHAT_TOKENS, END_OF_TURN, write_chat_template
 from minitransformer.grpo import (
+    chat_prompts,
+    chat_replies,
     completion_batch,
     group_advantages,
     grpo_loss,
@@ -487,6 +489,13 @@ def test_grpo_train_runs_on_chat_rows(chat_setup):
         words.append(len(tok.decode([t for t in new.tolist() if t != end]).split()))
     assert mean_reward(model, tok, val, data.reward_length, max_new_tokens=6) == \
         pytest.approx(sum(words) / len(words))
+    # or the mean over sampled replies, group after group
+    drawn = sample_group(model, chat_prompts(tok, val), 3, 6, eos_id=end,
+                         generator=torch.Generator().manual_seed(4))
+    lengths = data.reward_length(chat_replies(tok, drawn))
+    assert mean_reward(model, tok, val, data.reward_length, max_new_tokens=6, temperature=1.0,
+                       samples=3, generator=torch.Generator().manual_seed(4)) == \
+        pytest.approx(sum(lengths) / len(lengths))
 
 
 # --- against TRL ----------------------------------------------------------------------------

@@ -111,6 +111,7 @@ def grpo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask
     Args:
         log_probs: ``(B, T)`` the policy's log-probabilities of the completion tokens (with
             gradient). old_log_probs: ``(B, T)`` those of the policy that sampled them.
+            Only ``log_probs`` is differentiated: the others are constants (detached).
         advantages: ``(B,)`` one per completion. mask: ``(B, T)`` bool, True on completion tokens.
         epsilon, epsilon_high: the clip range ``[1 - epsilon, 1 + epsilon_high]``;
             ``epsilon_high`` defaults to ``epsilon``.
@@ -141,13 +142,13 @@ def _grpo_terms(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
     low, high, beta = _check_loss_options(epsilon, epsilon_high, beta, ref_log_probs, loss_type)
     _checks.check_type("kl_correction", kl_correction, bool, "True or False")
     _check_loss_tensors(log_probs, old_log_probs, advantages, mask, ref_log_probs)
-    advantages = advantages.unsqueeze(1)                                        # (B, 1)
-    ratio = torch.exp(log_probs - old_log_probs)                                # (B, T)
+    advantages = advantages.detach().unsqueeze(1)                               # (B, 1)
+    ratio = torch.exp(log_probs - old_log_probs.detach())                       # (B, T)
     clipped = torch.clamp(ratio, 1 - low, 1 + high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
     kl = None
     if ref_log_probs is not None:
-        diff = ref_log_probs - log_probs
+        diff = ref_log_probs.detach() - log_probs
         kl = torch.exp(diff) - diff - 1                                         # k3, >= 0
     if beta != 0.0:
         per_token = per_token + beta * (kl * ratio if kl_correction else kl)
@@ -355,6 +356,7 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     _checks.check_choice("advantage", advantage, ADVANTAGES)
     num_iterations = _checks.check_int("num_iterations", num_iterations)
     _checks.check_int("group_size", group_size, low=2)
+    _checks.check_int("max_new_tokens", max_new_tokens)
     if not callable(reward):
         raise TypeError(f"reward must be a function of the completions, got "
                         f"{_checks._type_name(reward)}")

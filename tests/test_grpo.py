@@ -182,6 +182,17 @@ def test_clip_acts_only_outside_the_range_in_the_advantages_direction():
         assert torch.allclose(grad[~cut], -sign * ratios[~cut] / len(ratios))
 
 
+def test_only_the_policy_log_probs_are_differentiated():
+    """The old and reference log-probabilities and the advantages are constants, even when
+    they come with a gradient (computed by the same model): detached inside."""
+    log_probs, old, ref, advantages, mask = loss_batch()
+    inputs = [t.clone().requires_grad_(True) for t in (log_probs, old, ref, advantages)]
+    grpo_loss(inputs[0], inputs[1], inputs[3], mask, beta=0.1, ref_log_probs=inputs[2],
+              kl_correction=True).backward()
+    assert inputs[0].grad is not None and inputs[0].grad.abs().max() > 0
+    assert all(t.grad is None for t in inputs[1:])
+
+
 def test_the_kl_term_is_k3_and_zero_at_the_reference():
     log_probs, old, ref, advantages, mask = loss_batch()
     zero = torch.zeros_like(advantages)
@@ -408,6 +419,9 @@ def test_grpo_step_refusals():
         grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0, 1.0], beta=0.1, **ok)
     with pytest.raises(ValueError, match="advantage must be one of"):
         grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0, 1.0], advantage="none", **ok)
+    with pytest.raises(ValueError, match="max_new_tokens must be at least 1, got 0"):
+        grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0, 1.0], group_size=2,
+                  max_new_tokens=0)
     with pytest.raises(ValueError, match="group_size must be at least 2, got 1"):
         grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0], group_size=1, max_new_tokens=2)
 

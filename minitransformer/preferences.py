@@ -55,16 +55,11 @@ def per_token_log_probs(logits: Tensor, targets: Tensor) -> Tensor:
             ``[0, V)`` that is not ``-100``.
     """
     _checks.check_float_tensor("logits", logits, ndim=3)
-    _checks.check_int_tensor("targets", targets, ndim=2)
+    _checks.check_token_ids("targets", targets, logits.shape[-1], ignore_index=IGNORE_INDEX)
     if targets.shape != logits.shape[:2]:
         raise ValueError(f"targets must be (B, T) = {tuple(logits.shape[:2])} for logits "
                          f"{tuple(logits.shape)}, got {tuple(targets.shape)}")
     keep = targets != IGNORE_INDEX
-    if keep.any():
-        bad = targets[keep]
-        if bad.min() < 0 or bad.max() >= logits.shape[-1]:
-            raise ValueError(f"targets must be token ids in [0, {logits.shape[-1]}) or -100, got "
-                             f"values from {bad.min().item()} to {bad.max().item()}")
     picked = targets.masked_fill(~keep, 0).unsqueeze(-1)                 # (B, T, 1)
     log_probs = logits.log_softmax(-1).gather(-1, picked).squeeze(-1)    # (B, T)
     return log_probs.masked_fill(~keep, 0.0)

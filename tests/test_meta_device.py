@@ -316,6 +316,34 @@ def _preferences():
             mt.kl_estimate(logits, logits.detach(), targets))
 
 
+@case("group_advantages", "grpo_loss", "sample_group", "grpo_step", "grpo_train")
+def _grpo():
+    from minitransformer import data
+    from minitransformer.chat import CHAT_TOKENS
+
+    advantages = mt.group_advantages(torch.tensor([0.0, 1.0, 1.0, 3.0], device=DEVICE), 2)
+    log_probs = randn(4, 3).requires_grad_()
+    mask = torch.ones(4, 3, dtype=torch.bool, device=DEVICE)
+    loss = mt.grpo_loss(log_probs, log_probs.detach(), advantages, mask, beta=0.1,
+                        ref_log_probs=randn(4, 3))
+    config = mt.GPTConfig(vocab_size=16, context_length=16, d_model=8, num_heads=2,
+                          num_layers=1)
+    model = mt.GPT(config, device=DEVICE)
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    assert len(mt.sample_group(model, [[1, 2], [3]], 2, 3, generator=generator)) == 4
+    mt.grpo_step(model, torch.optim.AdamW(model.parameters()), [[1, 2]],
+                 lambda completions: [float(sum(c)) for c in completions], group_size=2,
+                 max_new_tokens=3, ref_model=model, generator=generator)
+    tok = mt.BPETokenizer.train("repeat: open my photos please " * 4, 270,
+                                special_tokens=list(CHAT_TOKENS))
+    chat = mt.GPT(mt.GPTConfig(vocab_size=len(tok), context_length=64, d_model=8,
+                               num_heads=2, num_layers=1), device=DEVICE)
+    rows = data.verifiable_splits(2, 0, tasks=["repeat"])[0]
+    mt.grpo_train(chat, tok, rows, data.reward_exact, steps=1, batch_size=2, group_size=2,
+                  lr=1e-3, max_new_tokens=3)
+    return advantages, loss, log_probs.grad, model, chat
+
+
 # --- the tests ------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -216,7 +216,8 @@ def plain_model(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", ["not json", "missing role", "unknown role", "too long",
                                   "no chat format", "empty", "no messages", "no assistant",
-                                  "merge without lora", "no such model", "an adapter"])
+                                  "merge without lora", "no such model", "an adapter",
+                                  "no config"])
 def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_path):
     good = conversation(1)
     model, path = gpt_base, tmp_path / "data.jsonl"
@@ -256,6 +257,13 @@ def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_
         model.mkdir()
         (model / "adapter_config.json").write_text("{}", "utf-8")
         words = f"--model {model} is a LoRA adapter, not a model"
+    elif name == "no config":
+        write(path, [good])
+        model = tmp_path / "tokenizer_only"
+        model.mkdir()
+        for name in ("vocab.json", "merges.txt"):
+            (model / name).write_bytes((gpt_base / name).read_bytes())
+        words = f"--model {model} is not a model directory: it has no config.json"
     else:
         write(path, [good])
         model, words = tmp_path / "nowhere", "no such directory"

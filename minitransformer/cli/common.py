@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from minitransformer import checkpoints  # by the module: tests replace its func
 
 from minitransformer.device import default_device
 from minitransformer.gpt import GPT, GPTConfig
+
+if TYPE_CHECKING:
+    from minitransformer.bpe import BPETokenizer
 
 PROG = "minitransformer"
 
@@ -295,3 +299,37 @@ def read_text(path: str) -> tuple[str, str]:
         raise CommandLineError(f"--data {path} is not UTF-8 text ({exc.reason} at byte "
                                f"{exc.start})") from None
     return text, hashlib.sha256(raw).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_chat_model(s: dict, device: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
+    """The model and tokenizer of ``--model``, refused by name without the chat format."""
+    from minitransformer.bpe import BPETokenizer
+    from minitransformer.lora import ADAPTER_CONFIG_FILE
+
+    folder = Path(s["model"])
+    if not folder.is_dir():
+        raise CommandLineError(f"--model {s['model']}: no such directory")
+    if (folder / ADAPTER_CONFIG_FILE).is_file() and not (folder / "config.json").is_file():
+        raise CommandLineError(f"--model {s['model']} is a LoRA adapter, not a model: "
+                               f"fine-tune its merged model ({folder / 'merged'}, written by "
+                               f"--merge) or its base model")
+    if not (folder / "config.json").is_file():
+        raise CommandLineError(f"--model {s['model']} is not a model directory: it has no "
+                               f"config.json (train, finetune and dpo write one)")
+    tokenizer = BPETokenizer.from_pretrained(folder)
+    specials = chat_tokens_of(tokenizer, s["model"])
+    model = model_class(folder).from_pretrained(folder, device=device)
+    if max(specials.values()) >= model.config.vocab_size:
+        raise CommandLineError(f"--model {s['model']}: its tokenizer's ids reach "
+                               f"{max(specials.values())}, beyond the model's vocabulary of "
+                               f"{model.config.vocab_size}")
+    return model, tokenizer

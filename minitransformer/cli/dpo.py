@@ -32,13 +32,15 @@ from minitransformer.cli.common import (
     check_new_out,
     check_resumable,
     check_same_flags,
+    file_sha256,
     in_processes,
+    load_chat_model,
     read_text,
     restore_checkpoint,
     save_checkpoint,
     set_threads,
 )
-from minitransformer.cli.finetune import LORA_TARGETS, _base_model, _file_sha256
+from minitransformer.cli.finetune import LORA_TARGETS
 from minitransformer.lora import (
     ADAPTER_CONFIG_FILE,
     add_lora,
@@ -181,9 +183,9 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         raise CommandLineError(f"--model {s['model']} is not a model directory (it has no "
                                f"config.json): give one that train or finetune wrote")
     torch.manual_seed(s["seed"])
-    reference, tokenizer = _base_model(s, procs.device)      # --model: refused by name
+    reference, tokenizer = load_chat_model(s, procs.device)      # --model: refused by name
     model_file = Path(s["model"]) / "model.safetensors"
-    model_sha256 = _file_sha256(model_file) if model_file.is_file() else ""
+    model_sha256 = file_sha256(model_file) if model_file.is_file() else ""
     if resumed and model_sha256 != resumed["state"]["model_sha256"]:
         raise CommandLineError(f"--model {s['model']} changed since the run began (its "
                                f"model.safetensors differs): it is the run's reference")

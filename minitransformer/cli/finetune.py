@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import hashlib
 import json
 import os
 import shutil
@@ -32,12 +31,13 @@ from minitransformer.chat import encode_chat
 from minitransformer.cli.common import (
     CommandLineError,
     Processes,
-    chat_tokens_of,
     check_new_out,
     check_resumable,
     check_same_flags,
     distributed,
+    file_sha256,
     in_processes,
+    load_chat_model,
     mean_over_ranks,
     read_text,
     model_class,
@@ -46,7 +46,6 @@ from minitransformer.cli.common import (
     set_threads,
 )
 from minitransformer.lora import (
-    ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     LoRALinear,
     add_lora,
@@ -223,33 +222,6 @@ def _load_adapter_weights(model: nn.Module, folder: Path) -> None:
                 getattr(layer, f"lora_{part}").weight.copy_(tensors[key])
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _base_model(s: dict, device: torch.device) -> tuple[nn.Module, BPETokenizer]:
-    """The model and tokenizer of ``--model``, refused by name without the chat format."""
-    folder = Path(s["model"])
-    if not folder.is_dir():
-        raise CommandLineError(f"--model {s['model']}: no such directory")
-    if (folder / ADAPTER_CONFIG_FILE).is_file() and not (folder / "config.json").is_file():
-        raise CommandLineError(f"--model {s['model']} is a LoRA adapter, not a model: "
-                               f"fine-tune its merged model ({folder / 'merged'}, written by "
-                               f"--merge) or its base model")
-    tokenizer = BPETokenizer.from_pretrained(folder)
-    specials = chat_tokens_of(tokenizer, s["model"])
-    model = model_class(folder).from_pretrained(folder, device=device)
-    if max(specials.values()) >= model.config.vocab_size:
-        raise CommandLineError(f"--model {s['model']}: its tokenizer's ids reach "
-                               f"{max(specials.values())}, beyond the model's vocabulary of "
-                               f"{model.config.vocab_size}")
-    return model, tokenizer
-
-
 def _write_merged(out: Path, model: nn.Module, tokenizer: BPETokenizer) -> Path:
     """``out/merged/``: the LoRA layers folded into a copy of the model, written as a plain
     model directory, under a temporary name first, then renamed."""
@@ -293,8 +265,8 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                                                                device=procs.device)
         tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
     else:
-        model, tokenizer = _base_model(s, procs.device)
-    base_sha256 = (_file_sha256(Path(s["model"]) / "model.safetensors")
+        model, tokenizer = load_chat_model(s, procs.device)
+    base_sha256 = (file_sha256(Path(s["model"]) / "model.safetensors")
                    if (Path(s["model"]) / "model.safetensors").is_file() else "")
     if lora:
         if resumed and base_sha256 != resumed["state"].get("model_sha256"):

@@ -116,10 +116,11 @@ def generate(path: Path, size: int, seed: int = 0) -> None:
 
 
 def measured(command: list[str], env: dict, *, rss: list | None = None,
-             json_out: bool = True) -> tuple[dict, float]:
+             json_out: bool = True, every: float = 0.02) -> tuple[dict, float]:
     """Run ``command``; its JSON line and its peak memory in MB: the proportional set size
-    (PSS) summed over it and its children, so pages the forked workers share count once.
-    ``rss``: a list to append the peak of the RSS summed over the processes to."""
+    (PSS) summed over it and its children, so pages the forked workers share count once,
+    sampled ``every`` seconds (reading PSS costs CPU time of its own). ``rss``: a list to
+    append the peak of the RSS summed over the processes to."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
     root, peak, peak_rss = psutil.Process(proc.pid), 0, 0
     while proc.poll() is None:
@@ -130,7 +131,7 @@ def measured(command: list[str], env: dict, *, rss: list | None = None,
             peak_rss = max(peak_rss, sum(i.rss for i in infos))
         except psutil.Error:
             pass
-        time.sleep(0.02)
+        time.sleep(every)
     out = proc.stdout.read()
     if proc.returncode:
         raise SystemExit(f"failed: {' '.join(command[:3])}: exit {proc.returncode}")
@@ -172,7 +173,7 @@ def big(args, env: dict) -> None:
         _, peak = measured([sys.executable, "-m", "minitransformer", "prepare", "--data",
                             str(text), "--out", str(data), "--workers", "2", "--vocab-size",
                             str(args.vocab_size), "--no-progress"], env, rss=rss,
-                           json_out=False)
+                           json_out=False, every=0.25)
         seconds = time.perf_counter() - start
         print(f"prepare --workers 2 --vocab-size {args.vocab_size} of {size / MB:,.0f} MB: "
               f"{seconds:.0f} s, {size / MB / seconds:.2f} MB/s (learning included), peak "

@@ -243,3 +243,21 @@ def test_train_on_a_huge_prepared_directory_reads_only_its_windows(prepared, tmp
     assert "on 1,073,741,824 tokens" in result.stdout
     peak_mb = int(result.stdout.split()[-1]) / 1024          # ru_maxrss: kB on Linux
     assert peak_mb < 1024, peak_mb
+
+
+def test_resume_prepares_a_removed_out_data_again_bit_identical(text_file, tmp_path):
+    """A WSD run of 10 steps extended to 20 equals a 20-step run bit for bit (chapter 15), also
+    when OUT/data was removed in between: the same prepare makes the same token files."""
+    flags = ["--data", text_file, *TINY, "--vocab-size", "300", "--schedule", "wsd",
+             "--warmup-steps", "2", "--save-every", "5"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert run("train", "--out", straight, *flags, "--steps", "20")[0] == 0
+    assert run("train", "--out", stopped, *flags, "--steps", "10")[0] == 0
+    state = json.loads((stopped / "ckpt-10" / "training_state.json").read_text())
+    assert state["prepared"] == "data"
+    shutil.rmtree(stopped / "data")
+    status, stdout, stderr = run("train", "--out", stopped, *flags, "--steps", "20", "--resume")
+    assert status == 0, stderr
+    assert "preparing" in stdout and TokenFiles(stopped / "data").train.size
+    a, b = weights(straight), weights(stopped)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -280,12 +280,13 @@ def _prepare_file(path: str, prepared: Path, s: dict, procs: Processes, *,
     tokens) from ``prepare``'s sample: the whole text up to 8 MB."""
     error = None
     if procs.main:
+        made = not prepared.parent.exists()
         try:
             prepare(path, prepared, vocab_size=max(s["vocab_size"], LEAST_VOCAB_SIZE),
                     val_fraction=VAL_FRACTION, seed=s["seed"], progress=progress)
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:
             error = f"--data {exc}"
-        if error is not None and prepared.parent.is_dir() and not any(
+        if error is not None and made and prepared.parent.is_dir() and not any(
                 prepared.parent.iterdir()):
             prepared.parent.rmdir()            # --out, made by prepare and left empty
     if procs.world_size > 1:
@@ -295,6 +296,23 @@ def _prepare_file(path: str, prepared: Path, s: dict, procs: Processes, *,
         error = shared[0]
     if error is not None:
         raise CommandLineError(error)
+
+
+def _complete(prepared: Path, digest: str) -> bool:
+    """Whether ``prepared`` is a complete prepared directory of the text of SHA-256 ``digest``."""
+    try:
+        files = TokenFiles(prepared)
+    except ValueError:
+        return False
+    return [source["sha256"] for source in files.index["sources"]] == [digest]
+
+
+def _discard_prepared(prepared: Path, procs: Processes) -> None:
+    """Remove what ``prepare`` wrote into ``prepared`` (the writing process), to write it again;
+    refuse a directory that ``prepare`` did not write."""
+    if procs.main and prepared.exists() and not discard(prepared):
+        raise CommandLineError(f"{prepared} is not a prepared directory: move it away, and "
+                               f"--resume prepares the run's text there again")
 
 
 def _size_note(vocab_size: int, tokenizer: BPETokenizer) -> str:
@@ -393,18 +411,29 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     prepared = out / DATA_DIR
     if Path(s["data"]).is_dir():
         files, digest = _prepared(s["data"], s, args.vocab_size is not None and not resumed)
-    elif resumed and not (prepared / INDEX_FILE).exists():
+    elif resumed and resumed["state"].get("prepared") != DATA_DIR:
         files = None            # a run begun before train prepared its text: as it began
         text, digest = _read_text(s["data"])
     else:
         _check_file(s["data"])
-        if not resumed:
+        if resumed:
+            digest = _sha256(s["data"])
+            if digest != resumed["state"]["data_sha256"]:
+                raise CommandLineError(f"--data {s['data']} changed since the run began (its "
+                                       f"SHA-256 differs): a resumed run must read the same "
+                                       f"text")
+        if not resumed or not _complete(prepared, digest):
+            if resumed:     # OUT/data removed or damaged: the same prepare makes the same files
+                say(f"preparing {prepared} again: it is missing or incomplete")
+                _discard_prepared(prepared, procs)
             _prepare_file(s["data"], prepared, s, procs, progress=not args.no_progress)
         files, _ = _prepared(prepared, s, False, vocab=False)
-        digest = _sha256(s["data"]) if resumed else files.index["sources"][0]["sha256"]
-        if digest != files.index["sources"][0]["sha256"]:
-            raise CommandLineError(f"--data {s['data']} changed since it was prepared into "
-                                   f"{prepared} (its SHA-256 differs)")
+        digest = files.index["sources"][0]["sha256"]
+        if resumed and (prepared / "vocab.json").read_bytes() != (
+                resumed["folder"] / "vocab.json").read_bytes():
+            raise CommandLineError(f"{prepared} holds another tokenizer than the run's "
+                                   f"checkpoint: resume in the version of the program that "
+                                   f"began the run")
         size_note = _size_note(s["vocab_size"], files.tokenizer)
     if resumed and digest != resumed["state"]["data_sha256"]:
         raise CommandLineError(f"--data {s['data']} changed since the run began (its "
@@ -422,6 +451,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         val = window_batches(val_ids, batch_size=s["batch_size"],
                              context_length=s["context_length"])[:EVAL_BATCHES]
         counts = train_ids.numel(), val_ids.numel()
+    prepared_file = files is not None and not Path(s["data"]).is_dir()
     began = resumed["state"].get("threads") if resumed else None
     count, how = set_threads(args.threads, began, procs)
     dtype = DTYPES[s["dtype"]]
@@ -481,7 +511,8 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                             f"val loss {h.val_losses[-1]:.4f}", file=sys.stdout)
         if procs.main and (loop.step % args.save_every == 0 or loop.step in (s["steps"], stable)):
             save_checkpoint(out, loop, optimizer, generator, procs, write_model=save,
-                            state={"args": s, "data_sha256": digest, "threads": count},
+                            state={"args": s, "data_sha256": digest, "threads": count,
+                                   **({"prepared": DATA_DIR} if prepared_file else {})},
                             keep=keep)
 
     bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="training", mininterval=0.5,

@@ -272,28 +272,29 @@ def _sha256(path: str) -> str:
 
 
 def _prepare_file(path: str, prepared: Path, s: dict, procs: Processes, *,
-                  progress: bool) -> None:
+                  progress: bool, again: bool = False) -> None:
     """--data FILE: the writing process tokenizes the text once into ``prepared`` (``OUT/data``:
     a prepared directory, as ``prepare`` makes, read as memory maps like --data DATA_DIR), so
     memory stays bounded whatever the file's size; the others wait for it and share its
     outcome. The tokenizer is learned with --vocab-size tokens (at least the bytes and the chat
-    tokens) from ``prepare``'s sample: the whole text up to 8 MB."""
+    tokens) from ``prepare``'s sample: the whole text up to 8 MB. ``again``: what ``prepare``
+    wrote there before is removed first; a directory it did not write is refused."""
     error = None
     if procs.main:
         made = not prepared.parent.exists()
         try:
-            prepare(path, prepared, vocab_size=max(s["vocab_size"], LEAST_VOCAB_SIZE),
-                    val_fraction=VAL_FRACTION, seed=s["seed"], progress=progress)
+            if again and prepared.exists() and not discard(prepared):
+                error = (f"{prepared} is not a prepared directory: move it away, and --resume "
+                         f"prepares the run's text there again")
+            else:
+                prepare(path, prepared, vocab_size=max(s["vocab_size"], LEAST_VOCAB_SIZE),
+                        val_fraction=VAL_FRACTION, seed=s["seed"], progress=progress)
         except (ValueError, OSError) as exc:
             error = f"--data {exc}"
         if error is not None and made and prepared.parent.is_dir() and not any(
                 prepared.parent.iterdir()):
             prepared.parent.rmdir()            # --out, made by prepare and left empty
-    if procs.world_size > 1:
-        import torch.distributed as dist
-        shared = [error]
-        dist.broadcast_object_list(shared, src=0)
-        error = shared[0]
+    error = _from_rank_zero(error, procs)
     if error is not None:
         raise CommandLineError(error)
 
@@ -307,12 +308,14 @@ def _complete(prepared: Path, digest: str) -> bool:
     return [source["sha256"] for source in files.index["sources"]] == [digest]
 
 
-def _discard_prepared(prepared: Path, procs: Processes) -> None:
-    """Remove what ``prepare`` wrote into ``prepared`` (the writing process), to write it again;
-    refuse a directory that ``prepare`` did not write."""
-    if procs.main and prepared.exists() and not discard(prepared):
-        raise CommandLineError(f"{prepared} is not a prepared directory: move it away, and "
-                               f"--resume prepares the run's text there again")
+def _from_rank_zero(value, procs: Processes):
+    """``value`` as the writing process has it, in every process (one decision for all)."""
+    if procs.world_size == 1:
+        return value
+    import torch.distributed as dist
+    shared = [value]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 def _size_note(vocab_size: int, tokenizer: BPETokenizer) -> str:
@@ -422,11 +425,12 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                 raise CommandLineError(f"--data {s['data']} changed since the run began (its "
                                        f"SHA-256 differs): a resumed run must read the same "
                                        f"text")
-        if not resumed or not _complete(prepared, digest):
-            if resumed:     # OUT/data removed or damaged: the same prepare makes the same files
-                say(f"preparing {prepared} again: it is missing or incomplete")
-                _discard_prepared(prepared, procs)
-            _prepare_file(s["data"], prepared, s, procs, progress=not args.no_progress)
+        again = bool(resumed) and _from_rank_zero(not _complete(prepared, digest), procs)
+        if again:           # OUT/data removed or damaged: the same prepare makes the same files
+            say(f"preparing {prepared} again: it is missing or incomplete")
+        if not resumed or again:
+            _prepare_file(s["data"], prepared, s, procs, progress=not args.no_progress,
+                          again=again)
         files, _ = _prepared(prepared, s, False, vocab=False)
         digest = files.index["sources"][0]["sha256"]
         if resumed and (prepared / "vocab.json").read_bytes() != (

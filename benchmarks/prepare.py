@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/prepare.py [--sizes 5 20 80] [--gb] [--workers 1 2]
                                            [--dir DIR] [--vocab-size 2048]
+    .venv/bin/python benchmarks/prepare.py --big [--big-mb 1024] [--dir DIR]
 
 Writes text files of the given sizes in MB (``--gb`` adds a 1 GB one), generated from the book's
 corpus and the multilingual samples of ``tests/data`` (words drawn with Zipf-like weights,
@@ -19,8 +20,20 @@ in a fresh process and prints:
 - one run that learns the tokenizer too (``vocab_size``), to show that the sample keeps its
   memory bounded.
 
+``--big`` measures the 1 GB targets instead, on one generated file of ``--big-mb`` MB in a
+temporary directory (removed afterwards, with everything written into it):
+
+- ``prepare --workers 2`` learning the tokenizer from its sample and encoding the whole file,
+  as the command line runs it: wall time, MB/s, and its peak memory, both as PSS (the shared
+  pages of the forked workers counted once) and as RSS summed over the processes (counted in
+  each: an upper bound);
+- ``train --data DATA_DIR`` on the result: the seconds from launch to the first step line
+  (``--eval-every 1``), and, to tell the program's own start from the machine's load, the
+  seconds that ``import minitransformer.cli`` alone takes in a fresh interpreter.
+
 Targets: peak memory <= 1 GB for a 1 GB file on 2 cores, flat in the size; encoding >= 4 MB/s
-with 2 workers. The machine's load is printed: other work on the cores slows every number.
+with 2 workers; training starts within 5 s on a prepared 1 GB directory. The machine's load is
+printed: other work on the cores slows every number.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -102,22 +116,92 @@ def generate(path: Path, size: int, seed: int = 0) -> None:
             written += len(block)
 
 
-def measured(command: list[str], env: dict) -> tuple[dict, float]:
+def measured(command: list[str], env: dict, *, rss: list | None = None,
+             json_out: bool = True, every: float = 0.02) -> tuple[dict, float]:
     """Run ``command``; its JSON line and its peak memory in MB: the proportional set size
-    (PSS) summed over it and its children, so pages the forked workers share count once."""
+    (PSS) summed over it and its children, so pages the forked workers share count once,
+    sampled ``every`` seconds (reading PSS costs CPU time of its own). ``rss``: a list to
+    append the peak of the RSS summed over the processes to."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
-    root, peak = psutil.Process(proc.pid), 0
+    root, peak, peak_rss = psutil.Process(proc.pid), 0, 0
     while proc.poll() is None:
         try:
             procs = [root, *root.children(recursive=True)]
-            peak = max(peak, sum(p.memory_full_info().pss for p in procs))
+            infos = [p.memory_full_info() for p in procs]
+            peak = max(peak, sum(i.pss for i in infos))
+            peak_rss = max(peak_rss, sum(i.rss for i in infos))
         except psutil.Error:
             pass
-        time.sleep(0.02)
+        time.sleep(every)
     out = proc.stdout.read()
     if proc.returncode:
         raise SystemExit(f"failed: {' '.join(command[:3])}: exit {proc.returncode}")
-    return json.loads(out.strip().splitlines()[-1]), peak / MB
+    if rss is not None:
+        rss.append(peak_rss / MB)
+    return (json.loads(out.strip().splitlines()[-1]) if json_out else {}), peak / MB
+
+
+def first_step(command: list[str], env: dict) -> tuple[float, str]:
+    """Seconds from launching ``command`` to its first line that begins with ``step``, and
+    that line; the command is stopped there."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step"):
+                return time.perf_counter() - start, line.strip()
+    finally:
+        proc.kill()
+        proc.wait()
+    raise SystemExit(f"failed: {' '.join(command[:4])}: no step line")
+
+
+def children_cpu() -> float:
+    """User and system seconds of the finished child processes (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def big(args, env: dict) -> None:
+    """The 1 GB targets (``--big``): prepare's peak memory and speed, train's start."""
+    size = int(args.big_mb * MB)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        tmp = Path(tmp)
+        print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
+              flush=True)
+        text, data, out = tmp / "text.txt", tmp / "data", tmp / "run"
+        start = time.perf_counter()
+        generate(text, size)
+        print(f"generated {size / MB:,.0f} MB in {time.perf_counter() - start:.0f} s",
+              flush=True)
+        rss: list = []
+        start, cpu = time.perf_counter(), children_cpu()
+        _, peak = measured([sys.executable, "-m", "minitransformer", "prepare", "--data",
+                            str(text), "--out", str(data), "--workers", "2", "--vocab-size",
+                            str(args.vocab_size), "--no-progress"], env, rss=rss,
+                           json_out=False, every=0.25)
+        seconds, cpu = time.perf_counter() - start, children_cpu() - cpu
+        print(f"prepare --workers 2 --vocab-size {args.vocab_size} of {size / MB:,.0f} MB: "
+              f"{seconds:.0f} s, {size / MB / seconds:.2f} MB/s, {size / MB / cpu:.2f} MB per "
+              f"CPU second (learning included), peak "
+              f"memory {peak:.0f} MB PSS, {rss[0]:.0f} MB RSS summed (target <= 1024 MB)",
+              flush=True)
+        print(f"load average: {os.getloadavg()[0]:.1f}", flush=True)
+        imports = []
+        for _ in range(3):
+            begin = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "import minitransformer.cli"], env=env,
+                           check=True)
+            imports.append(time.perf_counter() - begin)
+        seconds, line = first_step([sys.executable, "-m", "minitransformer", "train",
+                                    "--data", str(data), "--out", str(out), "--steps", "2",
+                                    "--eval-every", "1", "--no-progress"], env)
+        print(f"train --data DATA_DIR ({size / MB:,.0f} MB of text): first step line after "
+              f"{seconds:.1f} s (target <= 5 s): {line}")
+        print(f"  of which a fresh interpreter's import minitransformer.cli: "
+              f"{min(imports):.1f} to {max(imports):.1f} s")
+        print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:
@@ -125,6 +209,9 @@ def main() -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[5, 20, 80],
                         help="file sizes in MB")
     parser.add_argument("--gb", action="store_true", help="add a 1 GB file (minutes)")
+    parser.add_argument("--big", action="store_true", help="measure the 1 GB targets instead: "
+                        "prepare's peak memory and train's start (minutes)")
+    parser.add_argument("--big-mb", type=float, default=1024, help="--big's file size in MB")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--dir", help="where the files go (default: a temporary directory)")
@@ -133,6 +220,9 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [*args.sizes, *([1024] if args.gb else [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    if args.big:
+        big(args, env)
+        return
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmp = Path(tmp)
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

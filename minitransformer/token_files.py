@@ -46,6 +46,7 @@ MARKER = "prepare.partial"     # present from the first byte written until index
 PARTIAL = ".partial"           # what every file is called until it is complete
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 SAMPLE_BYTES = 8 << 20         # the tokenizer learns its merges from this much of the text
+LEAST_VOCAB_SIZE = 256 + len(CHAT_TOKENS)   # the bytes and the chat format's tokens
 _BLOCK = 1 << 20               # bytes read at a time, and about the text sent to a worker
 _SAMPLE_BLOCK = 1 << 16        # the sample is made of blocks this long, from seeded places
 
@@ -96,7 +97,10 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
         raise ValueError("prepare needs either vocab_size (to learn a tokenizer) or tokenizer "
                          "(a directory of vocab.json and merges.txt), not both or neither")
     if vocab_size is not None:
-        check_int("vocab_size", vocab_size, low=257)
+        check_int("vocab_size", vocab_size)
+        if vocab_size < LEAST_VOCAB_SIZE:
+            raise ValueError(f"vocab_size must be at least {LEAST_VOCAB_SIZE} (the 256 byte "
+                             f"tokens and the {len(CHAT_TOKENS)} chat tokens), got {vocab_size}")
     check_number("val_fraction", val_fraction, low=0.0)
     if val_fraction >= 1:
         raise ValueError(f"val_fraction must be below 1, got {val_fraction}")
@@ -183,9 +187,9 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
 def _learn(sources, sample_bytes: int, seed: int, vocab_size: int) -> list:
     """The merges of a tokenizer learned from the sample (run in a process of its own). The
     chat format's special tokens are reserved, as ``train`` reserves them (chapter 16), and
-    count in ``vocab_size``; at least the bytes and those are kept."""
+    count in ``vocab_size``."""
     return list(BPETokenizer.train(_sample(sources, sample_bytes, seed),
-                                   max(vocab_size, 256 + len(CHAT_TOKENS)),
+                                   vocab_size,
                                    pattern=GPT2_PATTERN, special_tokens=CHAT_TOKENS).merges)
 
 
@@ -248,6 +252,24 @@ def _clear(out: Path) -> None:
             file.unlink(missing_ok=True)
     shutil.rmtree(out / ("tokenizer" + PARTIAL), ignore_errors=True)
     (out / MARKER).unlink(missing_ok=True)
+
+
+def discard(path: str | os.PathLike) -> bool:
+    """Remove the prepared directory ``path`` (complete or half-written) if ``prepare`` made it:
+    only the files that ``prepare`` writes, and the directory when that leaves it empty. Return
+    whether it was one (a directory without ``prepare``'s marker or index is left alone)."""
+    out = Path(path)
+    if not out.is_dir():
+        return False
+    if not (out / MARKER).exists():
+        try:
+            _read_index(out / INDEX_FILE)
+        except (OSError, ValueError):
+            return False
+    _clear(out)
+    if not any(out.iterdir()):
+        out.rmdir()
+    return True
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -245,7 +245,10 @@ def ddp_run(data, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 
 def test_torchrun_two_processes_equal_one(tiny_run, ddp_run):
     out, result = ddp_run
-    assert max_difference(weights(out), weights(tiny_run[0])) <= 1e-4
+    # float32 rounding only: the all-reduce sums in another order, and Adam turns a gradient
+    # near zero into a step of about lr. Measured: 5e-5 to 1.6e-4 in float32, 1.4e-13 with
+    # --dtype float64; a wrong slice of the batch gives about lr = 1e-2
+    assert max_difference(weights(out), weights(tiny_run[0])) <= 1e-3
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["step"] == 30 and state["world_size"] == 2
     assert result.stdout.count("training a GPT") == 1      # rank 0 alone prints

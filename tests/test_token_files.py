@@ -279,7 +279,10 @@ def test_refusals_of_prepare(tmp_path):
         prepare(SAMPLES[0], tmp_path / "o", progress=False)
     with pytest.raises(ValueError, match="either vocab_size .* or tokenizer"):
         prepare(SAMPLES[0], tmp_path / "o", vocab_size=300, **ok)
-    with pytest.raises(ValueError, match="vocab_size must be at least 257, got 100"):
+    with pytest.raises(ValueError, match=r"vocab_size must be at least 261 \(the 256 byte "
+                       r"tokens and the 5 chat tokens\), got 260"):
+        prepare(SAMPLES[0], tmp_path / "o", vocab_size=260, progress=False)
+    with pytest.raises(ValueError, match="vocab_size must be at least 261 .*, got 100"):
         prepare(SAMPLES[0], tmp_path / "o", vocab_size=100, progress=False)
     for bad in (1.0, -0.1):
         with pytest.raises(ValueError, match="val_fraction must be"):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from minitransformer.token_files import prepare
+from minitransformer.cli.common import CommandLineError
+from minitransformer.token_files import LEAST_VOCAB_SIZE, prepare
 
 #: --vocab-size when neither it nor --tokenizer is given: train's default
 VOCAB_SIZE = 512
@@ -16,6 +17,10 @@ def run(args: argparse.Namespace) -> int:
     vocab_size = args.vocab_size
     if vocab_size is None and args.tokenizer is None:
         vocab_size = VOCAB_SIZE
+    if vocab_size is not None and vocab_size < LEAST_VOCAB_SIZE:
+        raise CommandLineError(f"--vocab-size must be at least {LEAST_VOCAB_SIZE} (the 256 "
+                               f"byte tokens and the {LEAST_VOCAB_SIZE - 256} chat tokens), "
+                               f"got {vocab_size}")
     index = prepare(args.data, args.out, vocab_size=vocab_size, tokenizer=args.tokenizer,
                     val_fraction=args.val_fraction, workers=args.workers, seed=args.seed,
                     progress=not args.no_progress)

@@ -1,5 +1,9 @@
 """``minitransformer train``: a tokenizer and a model trained on a text file, with checkpoints
-that ``--resume`` continues bit for bit, on one process or several under ``torchrun``."""
+that ``--resume`` continues bit for bit, on one process or several under ``torchrun``.
+
+``--data FILE`` is first prepared into ``OUT/data`` (token files, as ``prepare`` writes them)
+and read from there as memory maps, as ``--data DATA_DIR`` is: memory does not grow with the
+text. A run begun before this (no ``OUT/data``) resumes as it began, from the text in memory."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import torch
 import tqdm
 
 from minitransformer import checkpoints
-from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
+from minitransformer.bpe import BPETokenizer
 from minitransformer.chat import CHAT_TOKENS
 from minitransformer.cli.common import (
     CommandLineError,
@@ -33,7 +37,16 @@ from minitransformer.cli.common import (
     set_threads,
 )
 from minitransformer.data import random_batches, window_batches
-from minitransformer.token_files import INDEX_FILE, TokenFiles, random_windows, val_windows
+from minitransformer.token_files import (
+    INDEX_FILE,
+    LEAST_VOCAB_SIZE,
+    MARKER,
+    TokenFiles,
+    discard,
+    prepare,
+    random_windows,
+    val_windows,
+)
 from minitransformer.training import (
     BAR_FORMAT,
     SCHEDULES,
@@ -56,6 +69,7 @@ DEFAULTS = {
 #: a larger --steps, which extends the run (see _extend).
 RUN_FLAGS = ("data", *DEFAULTS, "warmup_steps")
 VAL_FRACTION = 0.1      # the end of the data, held out for the validation loss
+DATA_DIR = "data"       # --data FILE is prepared into this directory of --out, then read
 EVAL_BATCHES = 20       # at most this many validation batches, the same at every evaluation
 
 
@@ -75,10 +89,15 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
             check_new_out(out, write=False)
             raise CommandLineError("train needs --data FILE, the UTF-8 text to train on, or "
                                    "--data DATA_DIR, a directory made by prepare")
-        check_new_out(out, write=write)
+        left = not Path(given["data"]).is_dir() and _discard_data(out, write=write)
+        if write or not left:   # the other processes leave the rest to the writing one
+            check_new_out(out, write=write)
         settings = {**DEFAULTS, **given}
         settings.setdefault("warmup_steps", _warmup(settings["steps"]))
         return settings, None
+    if _discard_data(out, write=False):     # OUT/data of a run killed before its first save
+        raise CommandLineError(f"nothing to resume in {out}: no checkpoint was finished "
+                               f"there; the same command without --resume starts the run")
     check_resumable(out)
     trainer_state, folder = checkpoints.latest(out)
     state, tensors = checkpoints.load_tensors(folder)
@@ -92,6 +111,19 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
         resumed = _extend(out, settings, given["steps"], resumed, write=write)
         settings["steps"] = given["steps"]
     return settings, resumed
+
+
+def _discard_data(out: Path, *, write: bool) -> bool:
+    """Whether ``out`` holds no run but a prepared ``out/data`` (complete or not): what a new
+    run with --data FILE killed before its first checkpoint leaves. The writing process
+    removes it (``prepare``'s files only), to prepare it again."""
+    data = out / DATA_DIR
+    if (out / checkpoints.STATE_FILE).exists() or not (
+            (data / MARKER).exists() or (data / INDEX_FILE).exists()):
+        return False
+    if write:
+        discard(data)
+    return True
 
 
 def _a(name: str) -> str:
@@ -204,7 +236,7 @@ def _check(s: dict, world_size: int) -> None:
                                f"{s['d_model']}")
     if s["vocab_size"] < 256:
         raise CommandLineError(f"--vocab-size must be at least 256 (the byte tokens), got "
-                               f"{s['vocab_size']}")     # and the chat tokens: see _tokenizer
+                               f"{s['vocab_size']}")     # and the chat tokens: see _size_note
     if not 1 <= s["warmup_steps"] <= s["steps"]:
         raise CommandLineError(f"--warmup-steps must be from 1 to --steps {s['steps']}, got "
                                f"{s['warmup_steps']}")
@@ -216,6 +248,87 @@ def _check(s: dict, world_size: int) -> None:
     if s["batch_size"] % parts:
         raise CommandLineError(f"--batch-size {s['batch_size']} is not divisible by world "
                                f"size {world_size} x --grad-accum {s['grad_accum']} = {parts}")
+
+
+def _check_file(path: str) -> None:
+    """Refuse a --data FILE that is missing, or empty (nothing but white space), reading no
+    more of it than the first stretch that is not white space."""
+    file = Path(path)
+    if not file.is_file():
+        raise CommandLineError(f"--data {path}: no such file")
+    with open(file, "rb") as f:
+        while block := f.read(1 << 20):
+            if block.strip():
+                return
+    raise CommandLineError(f"--data {path} is empty")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _prepare_file(path: str, prepared: Path, s: dict, procs: Processes, *,
+                  progress: bool, again: bool = False) -> None:
+    """--data FILE: the writing process tokenizes the text once into ``prepared`` (``OUT/data``:
+    a prepared directory, as ``prepare`` makes, read as memory maps like --data DATA_DIR), so
+    memory stays bounded whatever the file's size; the others wait for it and share its
+    outcome. The tokenizer is learned with --vocab-size tokens (at least the bytes and the chat
+    tokens) from ``prepare``'s sample: the whole text up to 8 MB. ``again``: what ``prepare``
+    wrote there before is removed first; a directory it did not write is refused."""
+    error = None
+    if procs.main:
+        made = not prepared.parent.exists()
+        try:
+            if again and prepared.exists() and not discard(prepared):
+                error = (f"{prepared} is not a prepared directory: move it away, and --resume "
+                         f"prepares the run's text there again")
+            else:
+                prepare(path, prepared, vocab_size=max(s["vocab_size"], LEAST_VOCAB_SIZE),
+                        val_fraction=VAL_FRACTION, seed=s["seed"], progress=progress)
+        except (ValueError, OSError) as exc:
+            error = f"--data {exc}"
+        if error is not None and made and prepared.parent.is_dir() and not any(
+                prepared.parent.iterdir()):
+            prepared.parent.rmdir()            # --out, made by prepare and left empty
+    error = _from_rank_zero(error, procs)
+    if error is not None:
+        raise CommandLineError(error)
+
+
+def _complete(prepared: Path, digest: str) -> bool:
+    """Whether ``prepared`` is a complete prepared directory of the text of SHA-256 ``digest``."""
+    try:
+        files = TokenFiles(prepared)
+    except ValueError:
+        return False
+    return [source["sha256"] for source in files.index["sources"]] == [digest]
+
+
+def _from_rank_zero(value, procs: Processes):
+    """``value`` as the writing process has it, in every process (one decision for all)."""
+    if procs.world_size == 1:
+        return value
+    import torch.distributed as dist
+    shared = [value]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
+def _size_note(vocab_size: int, tokenizer: BPETokenizer) -> str:
+    """What the run says when its tokenizer does not have the --vocab-size asked for."""
+    if vocab_size < LEAST_VOCAB_SIZE:
+        return (f"--vocab-size {vocab_size:,}: the 256 byte tokens and the "
+                f"{len(CHAT_TOKENS)} chat tokens need {LEAST_VOCAB_SIZE}, so the tokenizer and "
+                f"the model have {len(tokenizer)} tokens")
+    if len(tokenizer) < vocab_size:
+        return (f"--vocab-size {vocab_size:,}: the text holds no more pairs to merge after "
+                f"{len(tokenizer.merges):,} merges, so the tokenizer and the model have "
+                f"{len(tokenizer):,} tokens")
+    return ""
 
 
 def _read_text(path: str) -> tuple[str, str]:
@@ -253,9 +366,11 @@ def _micro_batches(stream: torch.Tensor, s: dict, generator: torch.Generator,
             yield (inputs[m:m + micro].to(procs.device), targets[m:m + micro].to(procs.device))
 
 
-def _prepared(path: str, s: dict, vocab_given: bool) -> tuple[TokenFiles, str]:
+def _prepared(path: str | Path, s: dict, vocab_given: bool, *,
+              vocab: bool = True) -> tuple[TokenFiles, str]:
     """The prepared directory ``--data DATA_DIR`` (made by ``prepare``) and the SHA-256 of its
-    index; ``s["vocab_size"]`` becomes its tokenizer's."""
+    index; ``s["vocab_size"]`` becomes its tokenizer's (unless not ``vocab``: --data FILE,
+    where it stays the size asked for)."""
     try:
         files = TokenFiles(path)
     except ValueError as exc:
@@ -264,7 +379,8 @@ def _prepared(path: str, s: dict, vocab_given: bool) -> tuple[TokenFiles, str]:
         raise CommandLineError(f"--vocab-size {s['vocab_size']} differs from the "
                                f"{len(files.tokenizer)} tokens of {path}'s tokenizer (leave "
                                f"--vocab-size out with a prepared directory)")
-    s["vocab_size"] = len(files.tokenizer)
+    if vocab:
+        s["vocab_size"] = len(files.tokenizer)
     window = s["context_length"] + 1
     for part, tokens in (("train", files.train), ("val", files.val)):
         if len(tokens) < window:
@@ -295,28 +411,51 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     _check(s, procs.world_size)
     generator = torch.Generator().manual_seed(s["seed"])
     size_note = ""
+    prepared = out / DATA_DIR
     if Path(s["data"]).is_dir():
         files, digest = _prepared(s["data"], s, args.vocab_size is not None and not resumed)
+    elif resumed and resumed["state"].get("prepared") != DATA_DIR:
+        files = None            # a run begun before train prepared its text: as it began
+        text, digest = _read_text(s["data"])
+    else:
+        _check_file(s["data"])
+        if resumed:
+            digest = _sha256(s["data"])
+            if digest != resumed["state"]["data_sha256"]:
+                raise CommandLineError(f"--data {s['data']} changed since the run began (its "
+                                       f"SHA-256 differs): a resumed run must read the same "
+                                       f"text")
+        again = bool(resumed) and _from_rank_zero(not _complete(prepared, digest), procs)
+        if again:           # OUT/data removed or damaged: the same prepare makes the same files
+            say(f"preparing {prepared} again: it is missing or incomplete")
+        if not resumed or again:
+            _prepare_file(s["data"], prepared, s, procs, progress=not args.no_progress,
+                          again=again)
+        files, _ = _prepared(prepared, s, False, vocab=False)
+        digest = files.index["sources"][0]["sha256"]
+        if resumed and (prepared / "vocab.json").read_bytes() != (
+                resumed["folder"] / "vocab.json").read_bytes():
+            raise CommandLineError(f"{prepared} holds another tokenizer than the run's "
+                                   f"checkpoint: resume in the version of the program that "
+                                   f"began the run")
+        size_note = _size_note(s["vocab_size"], files.tokenizer)
+    if resumed and digest != resumed["state"]["data_sha256"]:
+        raise CommandLineError(f"--data {s['data']} changed since the run began (its "
+                               f"SHA-256 differs): a resumed run must read the same text")
+    if files is not None:
         tokenizer = files.tokenizer
         batches = _prepared_micro_batches(files.train, s, generator, procs)
         val = val_windows(files.val, batch_size=s["batch_size"],
                           context_length=s["context_length"], max_batches=EVAL_BATCHES)
         counts = len(files.train), len(files.val)
     else:
-        text, digest = _read_text(s["data"])
-    if resumed and digest != resumed["state"]["data_sha256"]:
-        raise CommandLineError(f"--data {s['data']} changed since the run began (its "
-                               f"SHA-256 differs): a resumed run must read the same text")
-    if not Path(s["data"]).is_dir():
-        if resumed:
-            tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
-        else:
-            tokenizer, size_note = _tokenizer(text, s["vocab_size"])
+        tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
         train_ids, val_ids = _split(tokenizer.encode(text), s["context_length"], s["data"])
         batches = _micro_batches(train_ids, s, generator, procs)
         val = window_batches(val_ids, batch_size=s["batch_size"],
                              context_length=s["context_length"])[:EVAL_BATCHES]
         counts = train_ids.numel(), val_ids.numel()
+    prepared_file = files is not None and not Path(s["data"]).is_dir()
     began = resumed["state"].get("threads") if resumed else None
     count, how = set_threads(args.threads, began, procs)
     dtype = DTYPES[s["dtype"]]
@@ -376,7 +515,8 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                             f"val loss {h.val_losses[-1]:.4f}", file=sys.stdout)
         if procs.main and (loop.step % args.save_every == 0 or loop.step in (s["steps"], stable)):
             save_checkpoint(out, loop, optimizer, generator, procs, write_model=save,
-                            state={"args": s, "data_sha256": digest, "threads": count},
+                            state={"args": s, "data_sha256": digest, "threads": count,
+                                   **({"prepared": DATA_DIR} if prepared_file else {})},
                             keep=keep)
 
     bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="training", mininterval=0.5,
@@ -386,25 +526,6 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     say(f"saved {out} at step {loop.step}: validation loss "
         f"{loop.history.val_losses[-1]:.4f}" if loop.history.val_losses else f"saved {out}")
     return 0
-
-
-def _tokenizer(text: str, vocab_size: int) -> tuple[BPETokenizer, str]:
-    """The run's tokenizer: ``vocab_size`` tokens counting the chat format's special tokens
-    (:data:`~minitransformer.chat.CHAT_TOKENS`), reserved in every tokenizer so that
-    ``finetune`` never has to grow the embedding table; more tokens if the bytes and those
-    need more, fewer if the text holds no more pairs to merge; and the note that says so."""
-    least = 256 + len(CHAT_TOKENS)
-    tokenizer = BPETokenizer.train(text, max(vocab_size, least), pattern=GPT2_PATTERN,
-                                   special_tokens=CHAT_TOKENS)
-    if vocab_size < least:
-        return tokenizer, (f"--vocab-size {vocab_size:,}: the 256 byte tokens and the "
-                           f"{len(CHAT_TOKENS)} chat tokens need {least}, so the tokenizer and "
-                           f"the model have {least} tokens")
-    if len(tokenizer) < vocab_size:
-        return tokenizer, (f"--vocab-size {vocab_size:,}: the text holds no more pairs to "
-                           f"merge after {len(tokenizer.merges):,} merges, so the tokenizer "
-                           f"and the model have {len(tokenizer):,} tokens")
-    return tokenizer, ""
 
 
 def _count(model: torch.nn.Module) -> int:

@@ -66,8 +66,9 @@ def build_parser() -> Parser:
             f"--{k.replace('_', '-')} {v}" for k, v in train.DEFAULTS.items()) + ".")
     t.set_defaults(run=train.run)
     add = t.add_argument
-    add("--data", metavar="FILE|DATA_DIR", help="UTF-8 text to train on, its last 10%% held "
-        "out for the validation loss; or a directory made by prepare, read as memory maps")
+    add("--data", metavar="FILE|DATA_DIR", help="UTF-8 text to train on, tokenized first into "
+        "OUT/data (its last 10%% held out for the validation loss); or a directory made by "
+        "prepare, read as memory maps")
     add("--out", metavar="DIR", required=True, help="the run's directory: transformers "
         "loads it (config.json, model.safetensors, tokenizer files)")
     add("--arch", choices=train.ARCHS, help="the model: GPT-2's (chapter 9) or Llama's "

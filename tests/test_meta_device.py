@@ -343,6 +343,46 @@ def _grpo():
                   lr=1e-3, max_new_tokens=3)
     return advantages, loss, log_probs.grad, model, chat
 
+@case("left_pad", "generate_batch")
+def _batching():
+    torch.manual_seed(0)
+    model = mt.GPT(mt.GPTConfig(vocab_size=11, context_length=8, num_layers=1, num_heads=2,
+                                d_model=8), device=DEVICE)
+    llama = mt.Llama(mt.LlamaConfig(vocab_size=11, context_length=8, num_layers=1, num_heads=2,
+                                    d_model=8), device=DEVICE)
+    idx, mask, positions = mt.left_pad([[1, 2, 3], [4]], pad_id=0, device=DEVICE)
+    tokens = [mt.generate_batch(m, [[1, 2], [3]], 2, temperature=0.5, seeds=[1, 2],
+                                presence_penalty=0.1) for m in (model, llama)]
+    return (idx, mask, positions, model(idx, attention_mask=mask)[0],
+            llama(idx, attention_mask=mask, position_ids=positions)[0],
+            torch.tensor(tokens, device=DEVICE))
+
+
+@case("BlockPool", "gather_blocks", "paged_attention", "merge_partials")
+def _paged():
+    pool = mt.BlockPool(4, 2, num_layers=1, num_kv_heads=1, head_dim=4, device=DEVICE)
+    table = pool.allocate(2)
+    view = pool.view([table], [0], 3)
+    keys, values = view.update(0, randn(1, 1, 3, 4), randn(1, 1, 3, 4))
+    m, total, out = mt.merge_partials(randn(2), randn(2).exp(), randn(2, 3),
+                                      randn(2), randn(2).exp(), randn(2, 3))
+    return (pool.keys, pool.values, view.attention_mask, view.position_ids, keys, values,
+            mt.gather_blocks(pool.keys[0], table, 3),
+            mt.paged_attention(randn(2, 4), pool.keys[0], pool.values[0], table, 3),
+            m, total, out)
+
+
+@case("Engine", "Request")
+def _engine():
+    torch.manual_seed(0)
+    model = mt.GPT(mt.GPTConfig(vocab_size=11, context_length=16, num_layers=1, num_heads=2,
+                                d_model=8), device=DEVICE)
+    engine = mt.Engine(model, max_batch=2, kv_blocks=6, block_size=2)
+    done = engine.run([mt.Request([1, 2, 3], max_tokens=4, temperature=0),
+                       mt.Request([4], max_tokens=3, temperature=0.8, seed=1,
+                                  frequency_penalty=0.5)])
+    return engine.pool.keys, torch.tensor([c.token_ids[:3] for c in done], device=DEVICE)
+
 
 # --- the tests ------------------------------------------------------------------------------
 

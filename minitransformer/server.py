@@ -141,6 +141,7 @@ class _Worker:
                     for request_id in list(self._queues):
                         self.engine.cancel(request_id)
                     self._fail_all("the engine failed; see the server's log")
+                time.sleep(0.1)             # a failure that repeats must not spin
                 continue
             with self._lock:
                 for event in events:

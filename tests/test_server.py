@@ -51,7 +51,7 @@ TURNS = ["Why attention?", "Take the token bank.", "There are two", "Hello there
          "and then?", "What is a cache?", "Tell me more", "Why?", "A story", "Be brief."]
 
 
-# ----- shared with test_chat_page.py and test_cli_serve.py ----------------------------------------
+# ----- shared with test_chat_page.py and test_cli_serve.py ------------------------------
 
 def build_model_dir(folder: Path, *, context_length: int = CONTEXT, d_model: int = 64,
                     num_layers: int = 2, end_scale: float = 0.04) -> Path:
@@ -104,12 +104,15 @@ def serve_model_dir(folder: Path):
     model, tokenizer = serve_command.load(folder, torch.device("cpu"))
     engine = Engine(model.eval(), tokenizer, max_batch=16, kv_blocks=80)
     app = create_app(engine, tokenizer, model_name=folder.name)
-    record = SimpleNamespace(events=[], in_flight=[], delay=0.0, engine=engine,
+    record = SimpleNamespace(events=[], in_flight=[], delay=0.0, fail=False, engine=engine,
                              tokenizer=tokenizer, app=app, name=folder.name)
     step = engine.step
 
     def recorded_step():
         record.in_flight.append(app.state.worker.in_flight)
+        if record.fail:
+            record.fail = False
+            raise RuntimeError("a bug in the engine")
         events = step()
         record.events.extend(events)
         time.sleep(record.delay)
@@ -208,7 +211,7 @@ def wait_until(condition, timeout: float = 10.0) -> bool:
     return True
 
 
-# ----- the endpoints, against the command line ----------------------------------------------------
+# ----- the endpoints, against the command line -------------------------------------------------
 
 def test_models_lists_the_served_model(served):
     models = served.client.models.list()
@@ -362,6 +365,11 @@ BAD_CHATS = [
     ({"n": 2}, "n", "n must be 1"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "1 to 4"),
     ({"seed": "7"}, "seed", "integer"),
+    ({"seed": 2**64}, "seed", "at most"),
+    ({"top_p": 1.5}, "top_p", "(0, 1]"),
+    ({"messages": {"role": "user", "content": "Hi"}}, "messages", "list"),
+    ({"messages": [{"role": "user", "content": "Hi", "name": "ann"}]}, "messages[0]",
+     "role and content"),
     ({"logprobs": True}, "logprobs", "not supported"),
     ({"messages": [{"role": "user", "content": "the cat sat " * 30}]}, "messages",
      "context"),
@@ -418,6 +426,15 @@ def test_a_body_that_is_not_a_json_object_is_a_400(served, body):
                            headers={"Content-Type": "application/json"})
         assert reply.status_code == 400, reply.text
         assert reply.json()["error"]["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_number_that_is_not_finite_is_a_400(served, value):
+    # Python's json module reads these (the openai client refuses to write them)
+    body = f'{{"model": "{served.name}", "prompt": "x", "top_p": {value}}}'
+    reply = httpx.post(served.url + "/v1/completions", content=body.encode(), timeout=30,
+                       headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "top_p", reply.text
 
 
 def test_fastapi_s_own_validation_errors_are_400s_too(served):
@@ -480,3 +497,24 @@ def test_a_client_that_leaves_before_a_whole_answer_frees_its_blocks(served):
     request_id = _new_request_id(served, before)
     assert wait_until(lambda: engine.num_free_blocks == engine.num_blocks, 5)
     assert _finish_of(served, request_id) == "cancelled"
+
+
+# ----- a failure inside -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_failure_is_a_500_not_a_hang_and_the_server_goes_on(served, stream):
+    served.fail = True
+    request = {"model": served.name, "prompt": "Why", "max_tokens": 5, "temperature": 0}
+    if stream:
+        with httpx.stream("POST", f"{served.url}/v1/completions", timeout=30,
+                          json={**request, "stream": True}) as reply:
+            events = reply.read().decode().split("\n\n")
+        assert events[-2:] == ["data: [DONE]", ""]
+        error = json.loads(events[-3].removeprefix("data: "))["error"]
+        assert error["type"] == "server_error" and "engine failed" in error["message"]
+    else:
+        with pytest.raises(openai.InternalServerError) as caught:
+            served.client.completions.create(**request)
+        assert "engine failed" in caught.value.body["message"]
+    assert served.client.completions.create(**request).choices[0].finish_reason == "length"
+    assert wait_until(lambda: served.engine.num_free_blocks == served.engine.num_blocks)

@@ -117,7 +117,8 @@ class _Worker:
         self._wake.set()
 
     def stop(self) -> None:
-        """Cancel what is left and end the thread (the server is shutting down)."""
+        """Cancel what is left and end the thread once the engine has freed its blocks (the
+        server is shutting down)."""
         with self._lock:
             self._stopping = True
             for request_id in list(self._queues):
@@ -128,9 +129,11 @@ class _Worker:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stopping:
+        while True:
             self._wake.clear()
             if not self.engine.has_work:
+                if self._stopping:
+                    return
                 self._wake.wait()
                 continue
             try:

@@ -77,12 +77,15 @@ def build_model_dir(folder: Path, *, context_length: int = CONTEXT, d_model: int
 
 
 @contextlib.contextmanager
-def running(app):
-    """Serve ``app`` with uvicorn in a thread on a free port of 127.0.0.1; its URL."""
+def running(app, *, grace: float | None = None):
+    """Serve ``app`` with uvicorn in a thread on a free port of 127.0.0.1; its URL. On leaving,
+    uvicorn shuts down as on SIGTERM, waiting ``grace`` seconds (None: as long as it takes)
+    for the answers in flight."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=grace))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -497,6 +500,24 @@ def test_a_client_that_leaves_before_a_whole_answer_frees_its_blocks(served):
     request_id = _new_request_id(served, before)
     assert wait_until(lambda: engine.num_free_blocks == engine.num_blocks, 5)
     assert _finish_of(served, request_id) == "cancelled"
+
+
+def test_a_shutdown_out_of_patience_cancels_the_answers_in_flight_and_frees_their_blocks(
+        model_dir):
+    record = serve_model_dir(model_dir)
+    record.delay = 0.05                                 # 55 tokens: about 3 s
+    with running(record.app, grace=0.3) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        stream = client.completions.create(model=record.name, prompt="Once upon",
+                                           max_tokens=55, temperature=0, stream=True)
+        chunks = iter(stream)
+        next(chunks)
+        assert record.engine.num_free_blocks < record.engine.num_blocks
+    # the server has stopped: the answer was cut, and the engine gave its blocks back
+    assert record.engine.num_free_blocks == record.engine.num_blocks
+    assert [e.finish_reason for e in record.events if e.finish_reason] == ["cancelled"]
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        list(chunks)
 
 
 # ----- a failure inside -------------------------------------------------------------------------

@@ -32,6 +32,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from minitransformer.chat import CHAT_TOKENS, ROLE_TOKENS, check_chat_tokenizer
+from minitransformer._checks import check_type
+from minitransformer.serving import Engine
 from minitransformer.serving import Request as EngineRequest
 
 __all__ = ["create_app"]
@@ -378,7 +380,19 @@ def create_app(engine, tokenizer, *, model_name: str) -> FastAPI:
     ``GET /v1/models`` and the chat page at ``/``. The engine is stepped by a thread that
     starts and stops with the app (its lifespan). A chat answer ends at the chat format's
     tokens (``<|end|>`` or a role marker), as ``minitransformer chat`` does; a completion ends
-    at no token, as ``minitransformer generate`` does (``stop`` strings end both)."""
+    at no token, as ``minitransformer generate`` does (``stop`` strings end both).
+
+    Raises:
+        TypeError: an engine that is not an ``Engine``, a tokenizer that is not a
+            ``BPETokenizer``, a name that is not a str.
+        ValueError: an empty name.
+    """
+    check_type("engine", engine, Engine, "a minitransformer.serving.Engine")
+    if not callable(getattr(tokenizer, "encode", None)) or not isinstance(
+            getattr(tokenizer, "special_tokens", None), dict):
+        raise TypeError(f"tokenizer must be a BPETokenizer, got {type(tokenizer).__name__}")
+    if not check_type("model_name", model_name, str, "a str").strip():
+        raise ValueError("model_name is empty: clients ask for the model by this name")
     context = engine.config.context_length
     try:
         specials = check_chat_tokenizer(tokenizer)

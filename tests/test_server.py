@@ -456,6 +456,36 @@ def test_fastapi_s_own_validation_errors_are_400s_too(served):
     assert TestClient(app).get("/nowhere").json()["error"]["code"] == "not_found"
 
 
+def test_create_app_refuses_what_it_cannot_serve(served):
+    engine, tokenizer = served.engine, served.tokenizer
+    for args, kwargs, error, words in [
+            ((engine.model, tokenizer), {"model_name": "m"}, TypeError, "engine"),
+            ((engine, "gpt2"), {"model_name": "m"}, TypeError, "tokenizer"),
+            ((engine, tokenizer), {"model_name": 3}, TypeError, "model_name"),
+            ((engine, tokenizer), {"model_name": " "}, ValueError, "model_name")]:
+        with pytest.raises(error, match=words):
+            create_app(*args, **kwargs)
+
+
+def test_a_model_without_the_chat_tokens_serves_completions_and_refuses_chats():
+    from fastapi.testclient import TestClient
+
+    tokenizer = BPETokenizer.train("the cat sat on the mat " * 20, 262, pattern=GPT2_PATTERN)
+    model = GPT(GPTConfig(vocab_size=len(tokenizer), context_length=16, num_layers=1,
+                          num_heads=2, d_model=8))
+    app = create_app(Engine(model, tokenizer, kv_blocks=4), tokenizer, model_name="base")
+    with TestClient(app) as http:                      # runs the lifespan: the worker
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused",
+                               max_retries=0, http_client=http)
+        answer = client.completions.create(model="base", prompt="the cat", max_tokens=4)
+        assert answer.choices[0].finish_reason == "length"
+        assert answer.usage.completion_tokens == 4
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="base",
+                                           messages=[{"role": "user", "content": "hi"}])
+        assert caught.value.body["code"] == "model_not_supported"
+
+
 def test_after_the_refusals_the_server_still_answers_and_no_block_is_held(served):
     assert served.engine.num_free_blocks == served.engine.num_blocks
     answer = served.client.completions.create(model=served.name, prompt="x", max_tokens=3,

@@ -304,7 +304,7 @@ def test_sixteen_requests_at_once_each_get_the_text_they_get_alone(served, model
     with ThreadPoolExecutor(len(jobs)) as pool:
         got = list(pool.map(ask, jobs))
     assert got == expected
-    assert max(served.in_flight) >= 12, served.in_flight      # they did share steps
+    assert max(served.in_flight) >= 8, served.in_flight       # they did share steps
     assert wait_until(lambda: served.engine.num_free_blocks == served.engine.num_blocks)
 
 

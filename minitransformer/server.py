@@ -86,14 +86,19 @@ class _Worker:
         self._wake = threading.Event()
         self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="minitransformer-engine",
-                                        daemon=True)
+        self._thread: threading.Thread | None = None
 
     @property
     def in_flight(self) -> int:
         return len(self._queues)
 
     def start(self) -> None:
+        """Start the thread (again, when the app is served again after a stop)."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("the app is being served already: one server per app")
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="minitransformer-engine",
+                                        daemon=True)
         self._thread.start()
 
     def submit(self, request: EngineRequest) -> tuple[int, asyncio.Queue]:
@@ -127,7 +132,7 @@ class _Worker:
                 self.engine.cancel(request_id)
             self._fail_all("the server shut down before the answer was finished")
         self._wake.set()
-        if self._thread.is_alive():
+        if self._thread is not None:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:

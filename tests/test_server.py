@@ -467,23 +467,24 @@ def test_create_app_refuses_what_it_cannot_serve(served):
             create_app(*args, **kwargs)
 
 
-def test_a_model_without_the_chat_tokens_serves_completions_and_refuses_chats():
+def test_a_model_without_the_chat_tokens_serves_completions_and_refuses_chats_twice():
     from fastapi.testclient import TestClient
 
     tokenizer = BPETokenizer.train("the cat sat on the mat " * 20, 262, pattern=GPT2_PATTERN)
     model = GPT(GPTConfig(vocab_size=len(tokenizer), context_length=16, num_layers=1,
                           num_heads=2, d_model=8))
     app = create_app(Engine(model, tokenizer, kv_blocks=4), tokenizer, model_name="base")
-    with TestClient(app) as http:                      # runs the lifespan: the worker
-        client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused",
-                               max_retries=0, http_client=http)
-        answer = client.completions.create(model="base", prompt="the cat", max_tokens=4)
-        assert answer.choices[0].finish_reason == "length"
-        assert answer.usage.completion_tokens == 4
-        with pytest.raises(openai.BadRequestError) as caught:
-            client.chat.completions.create(model="base",
-                                           messages=[{"role": "user", "content": "hi"}])
-        assert caught.value.body["code"] == "model_not_supported"
+    for _ in range(2):                                 # an app may be served, stopped, again
+        with TestClient(app) as http:                  # runs the lifespan: the worker
+            client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused",
+                                   max_retries=0, http_client=http)
+            answer = client.completions.create(model="base", prompt="the cat", max_tokens=4)
+            assert answer.choices[0].finish_reason == "length"
+            assert answer.usage.completion_tokens == 4
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(model="base",
+                                               messages=[{"role": "user", "content": "hi"}])
+            assert caught.value.body["code"] == "model_not_supported"
 
 
 def test_after_the_refusals_the_server_still_answers_and_no_block_is_held(served):

@@ -40,11 +40,29 @@ import json
 import logging
 import os
 import statistics
+import sys
 import tempfile
 import time
 import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _threads_asked(default: int = 2) -> int:
+    """``--threads`` read before torch is imported: OpenMP and MKL take their thread count from
+    the environment for every thread they start, so transformers' background thread then uses
+    as many threads as ours (``torch.set_num_threads`` alone reaches the calling thread's
+    matrix products only)."""
+    argv = sys.argv[1:]
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--threads=") else (
+            argv[i + 1] if arg == "--threads" and i + 1 < len(argv) else None)
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return default
+
+
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(_threads_asked())
 
 import torch  # noqa: E402
 
@@ -232,7 +250,8 @@ def flips(tokens: list[list[int]], reference: list[list[int]]) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1, 4, 16 requests, short texts")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads for both sides (also set as OMP_NUM_THREADS)")
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--kv-blocks", type=int, default=512)

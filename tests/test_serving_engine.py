@@ -353,3 +353,21 @@ def test_the_text_is_the_chat_commands_text(tokenizer, capsys):
         expected = _stream(model, tokenizer, prompt, 30, 0.0, torch.Generator(), stops)
         capsys.readouterr()
         assert completion.text == expected
+
+
+@pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
+def test_a_model_the_decode_step_cannot_follow_runs_through_forward(make):
+    """A LoRA-wrapped model (chapter 16) takes ``forward`` with the paged view: same tokens."""
+    from minitransformer.lora import add_lora
+
+    model = make()
+    add_lora(model, r=2, alpha=4)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_b" in name.lower():
+                parameter.normal_(std=0.5)               # an adapter that changes the tokens
+    model.eval()
+    assert not model._is_as_built()
+    requests = [Request(p, max_tokens=8, temperature=0) for p in random_prompts(4, seed=5)]
+    done = Engine(model, max_batch=2, kv_blocks=24, block_size=4).run(requests)
+    assert [c.token_ids for c in done] == [alone(model, r) for r in requests]

@@ -352,6 +352,33 @@ def test_the_stream_is_server_sent_events_ending_with_done(served):
     assert all(c["object"] == "text_completion" for c in chunks)
 
 
+def test_a_lora_adapter_directory_is_served_as_chat_runs_it(model_dir, tmp_path):
+    """``serve --model ADAPTER_DIR`` (what finetune --lora-rank writes): the base model with
+    the adapter, whose greedy replies are chat's for that directory, not the base's."""
+    from minitransformer.lora import add_lora, save_adapter
+
+    model = GPT.from_pretrained(model_dir)
+    add_lora(model, r=2, alpha=4.0, targets=["out_proj", "linear1", "linear2"])
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)              # B = 0 would change nothing
+    adapter = tmp_path / "adapter"
+    save_adapter(model, adapter, base_model_name_or_path=str(model_dir))
+    BPETokenizer.from_pretrained(model_dir).save_pretrained(adapter)
+    turns = ["Hello there", "Why?", "Hi", "Tell me more"]
+    expected = [cli_chat(adapter, [turn], 8)[0] for turn in turns]
+    assert expected != [cli_chat(model_dir, [turn], 8)[0] for turn in turns]
+    record = serve_model_dir(adapter)
+    with running(record.app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        got = [client.chat.completions.create(
+            model="adapter", messages=[{"role": "user", "content": turn}], max_tokens=8,
+            temperature=0).choices[0].message.content for turn in turns]
+    assert got == expected
+
+
 # ----- refusals --------------------------------------------------------------------------------
 
 BAD_CHATS = [

@@ -9,6 +9,7 @@ from minitransformer.attention import (
     blocked_attention,
     scaled_dot_product_attention,
 )
+from minitransformer.batching import generate_batch, left_pad
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.cache import KVCache
 from minitransformer.classifier import EncoderClassifier
@@ -21,8 +22,10 @@ from minitransformer.layers import RMSNorm, SwiGLU
 from minitransformer.llama import GroupedQueryAttention, Llama, LlamaConfig, expand_kv_heads
 from minitransformer.markov import SkipModel, second_order_matrix, transition_matrix, walk_chain
 from minitransformer.masks import causal_mask, padding_mask
+from minitransformer.paged_cache import BlockPool, gather_blocks, merge_partials, paged_attention
 from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.rotary import apply_rotary, rotary_angles, rotate_half
+from minitransformer.serving import Engine, Request
 from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig, exact_match
 from minitransformer.training import evaluate, train
 from minitransformer.vocab import Vocabulary, one_hot, tokenize
@@ -78,6 +81,15 @@ __all__ = [
     "rms_norm",
     "rotary_angles",
     "rotate_half",
+    # chapter 18
+    "BlockPool",
+    "Engine",
+    "Request",
+    "gather_blocks",
+    "generate_batch",
+    "left_pad",
+    "merge_partials",
+    "paged_attention",
 ]
 
 # The figures need matplotlib, slow to import: loaded on first use, so the command line and

@@ -188,7 +188,8 @@ class GPT(nn.Module):
         self.apply(_init_weights)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *,
-                kv_cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
+                kv_cache: KVCache | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Next-token scores for every position, and the loss when ``targets`` are given.
 
         Args:
@@ -199,6 +200,14 @@ class GPT(nn.Module):
                 (chapter 11). ``idx`` then holds only the new tokens: they take the positions
                 after the ``kv_cache.seq_len`` cached ones, attend to those too, and their
                 keys and values are appended. Logits and loss are for the new tokens.
+            attention_mask: ``(B, P + T)`` bool, True on the real tokens of each row (the ``P``
+                cached positions, then the ``T`` new ones), False on padding (chapter 18): no
+                query attends to a padding key. A batch of prompts of different lengths is
+                padded on the left (:func:`~minitransformer.batching.left_pad`).
+            position_ids: ``(B, T)`` the position of each new token. ``None``: counted from
+                each row's first real token when ``attention_mask`` is given (a padded row's
+                first real token is at position 0, as when it runs alone), else ``P`` to
+                ``P + T - 1``.
 
         Returns:
             ``(logits, loss)``: logits ``(B, T, vocab_size)``; ``loss`` the mean cross-entropy
@@ -210,15 +219,21 @@ class GPT(nn.Module):
                 outside ``[0, vocab_size)``, ``idx`` on another device than the model,
                 ``targets`` shaped unlike ``idx`` or all ``-100``; a cache whose positions plus
                 ``T`` exceed ``context_length``, with another number of layers, or holding
-                another batch size (or past its ``max_len``).
+                another batch size (or past its ``max_len``); an ``attention_mask`` that is not
+                boolean ``(B, P + T)``, ``position_ids`` not integer ``(B, T)`` in
+                ``[0, context_length)``.
         """
         past = self._check_input(idx, kv_cache)
         if targets is not None:
             _check_targets(targets, idx, self.config.vocab_size)
+        position_ids = check_batch_inputs(self.config, idx, past, attention_mask, position_ids)
         length = idx.shape[1]
-        x = self.embed(idx, offset=past)                              # (B, T, d_model)
+        if position_ids is None:
+            x = self.embed(idx, offset=past)                          # (B, T, d_model)
+        else:
+            x = _dropout(self.dropout, self._embed_at(idx, position_ids))
         # the new queries are the last T of past + T keys (lower right); one query sees all
-        mask = causal_mask(length, past + length, device=idx.device) if length > 1 else None
+        mask = _attention_mask(attention_mask, length, past, idx.device)
         for i, layer in enumerate(self.layers):
             x = layer.encode(x, attn_mask=mask, kv_cache=kv_cache, layer_idx=i)
         logits = self.head(self.norm.normalize(x))                    # (B, T, N)
@@ -268,14 +283,19 @@ class GPT(nn.Module):
 
         The returned ``step`` takes ``idx`` ``(B, T)``, the new token ids (one per row in a
         decode step; not checked), and the :class:`~minitransformer.cache.KVCache` that
-        :meth:`forward` would take, to which it appends the new keys and values. It returns the
+        :meth:`forward` would take, to which it appends the new keys and values, and
+        :meth:`forward`'s keyword-only ``attention_mask`` and ``position_ids`` (a padded batch,
+        chapter 18; not checked). It returns the
         logits ``(B, T, vocab_size)`` of the new tokens, and raises ``ValueError`` when the
         cached and the new positions together exceed ``context_length``.
         """
         if not self._is_as_built():
-            def forward_step(idx: Tensor, kv_cache: KVCache) -> Tensor:
+            def forward_step(idx: Tensor, kv_cache: KVCache, *,
+                             attention_mask: Tensor | None = None,
+                             position_ids: Tensor | None = None) -> Tensor:
                 with eval_mode(self):                                 # no dropout here either
-                    return self(idx, kv_cache=kv_cache)[0]
+                    return self(idx, kv_cache=kv_cache, attention_mask=attention_mask,
+                                position_ids=position_ids)[0]
             return forward_step
         blocks = [_BlockWeights.of(layer) for layer in self.layers]
         final_norm, head = _BlockWeights.norm(self.norm), self.head.weight
@@ -286,10 +306,14 @@ class GPT(nn.Module):
             batch, length, _ = t.shape
             return t.view(batch, length, heads, -1).transpose(1, 2)
 
-        def step(idx: Tensor, kv_cache: KVCache) -> Tensor:
+        def step(idx: Tensor, kv_cache: KVCache, *, attention_mask: Tensor | None = None,
+                 position_ids: Tensor | None = None) -> Tensor:
             past, length = kv_cache.seq_len, idx.shape[1]
-            x = self._embed(idx, past)                                # (B, T, d_model)
-            mask = causal_mask(length, past + length, device=idx.device) if length > 1 else None
+            if attention_mask is not None and position_ids is None:
+                position_ids = _positions_from_mask(attention_mask, length)
+            x = (self._embed(idx, past) if position_ids is None
+                 else self._embed_at(idx, position_ids))              # (B, T, d_model)
+            mask = _attention_mask(attention_mask, length, past, idx.device)
             for i, b in enumerate(blocks):                           # pre-norm, GELU blocks
                 h = F.layer_norm(x, width, *b.norm1)
                 q = split_heads(F.linear(h, *b.q_proj))
@@ -313,7 +337,8 @@ class GPT(nn.Module):
         no module, so a hook would not run) and no parametrized weights."""
         cls = type(self)
         if (cls.forward is not GPT.forward or cls.embed is not GPT.embed
-                or cls._embed is not GPT._embed or _global_forward_hooks()):
+                or cls._embed is not GPT._embed or cls._embed_at is not GPT._embed_at
+                or _global_forward_hooks()):
             return False
         for module in self.modules():
             if module is not self and type(module) not in _BUILT_TYPES:
@@ -360,6 +385,16 @@ class GPT(nn.Module):
                                                       device=x.device, dtype=x.dtype)
             x = x + INIT_STD * encoding                               # (T, d_model) broadcast
         return x
+
+    def _embed_at(self, idx: Tensor, position_ids: Tensor) -> Tensor:
+        """:meth:`_embed` at the positions ``position_ids`` ``(B, T)`` (a padded batch, in
+        which each row has its own positions; chapter 18): the same rows of the same tables."""
+        x = self.token_embedding(idx)                                 # (B, T, d_model)
+        if self.position_embedding is not None:
+            return x + self.position_embedding.weight[position_ids]   # (B, T, d_model)
+        table = sinusoidal_positional_encoding(int(position_ids.max()) + 1, self.config.d_model,
+                                               device=x.device, dtype=x.dtype)
+        return x + INIT_STD * table[position_ids]
 
     @torch.no_grad()
     def attention_weights(self, idx: Tensor) -> list[Tensor]:
@@ -501,6 +536,59 @@ def _check_model_cache(config: object, kv_cache: KVCache, idx_shape: torch.Size)
                          f"{past + length} positions, more than context_length="
                          f"{c.context_length}")
     return past
+
+
+def check_batch_inputs(config: object, idx: Tensor, past: int, attention_mask: object,
+                       position_ids: object) -> Tensor | None:
+    """The ``attention_mask`` and ``position_ids`` of a padded batch (chapter 18), checked for
+    ``idx`` ``(B, T)`` after ``past`` cached positions (GPT's and Llama's check). Returns the
+    positions to use, or ``None`` for the usual ``past, ..., past + T - 1``."""
+    batch, length = idx.shape
+    if attention_mask is not None:
+        if not isinstance(attention_mask, Tensor) or attention_mask.dtype != torch.bool:
+            raise TypeError(f"attention_mask must be a boolean tensor (True = a real token), "
+                            f"got {_checks._type_name(attention_mask)}")
+        if tuple(attention_mask.shape) != (batch, past + length):
+            raise ValueError(f"attention_mask must have shape (B, cached + T) = "
+                             f"{(batch, past + length)}, got {_checks.shape(attention_mask)}")
+        if attention_mask.device != idx.device:
+            raise ValueError(f"attention_mask is on {attention_mask.device} and idx on "
+                             f"{idx.device}")
+    if position_ids is None:
+        return None if attention_mask is None else _positions_from_mask(attention_mask, length)
+    _checks.check_int_tensor("position_ids", position_ids, ndim=2)
+    if tuple(position_ids.shape) != (batch, length):
+        raise ValueError(f"position_ids must have the shape of idx {(batch, length)}, got "
+                         f"{_checks.shape(position_ids)}")
+    if position_ids.device != idx.device:
+        raise ValueError(f"position_ids is on {position_ids.device} and idx on {idx.device}")
+    if position_ids.numel() and position_ids.device.type != "meta":
+        low, high = int(position_ids.min()), int(position_ids.max())
+        if low < 0 or high >= config.context_length:
+            raise ValueError(f"position_ids holds {low if low < 0 else high}, outside "
+                             f"[0, context_length={config.context_length})")
+    return position_ids.long()
+
+
+def _positions_from_mask(attention_mask: Tensor, length: int) -> Tensor:
+    """Each new token's position counted from its row's first real token: the number of real
+    tokens before it (0 on left padding, whose output nobody reads). ``(B, T)`` long."""
+    before = attention_mask.long().cumsum(dim=1) - 1                  # (B, P + T)
+    return before[:, attention_mask.shape[1] - length:].clamp(min=0)
+
+
+def _attention_mask(attention_mask: Tensor | None, length: int, past: int,
+                    device: torch.device) -> Tensor | None:
+    """The mask the blocks take: causal (the ``length`` new queries are the last of
+    ``past + length`` keys), and, with a padding ``attention_mask`` ``(B, past + length)``,
+    no key that is padding: ``(B, 1, T, past + T)``. A query on padding sees itself only, so
+    that its softmax has a key (its output is never read); a real query never sees padding."""
+    if attention_mask is None:
+        return causal_mask(length, past + length, device=device) if length > 1 else None
+    causal = causal_mask(length, past + length, device=device)       # (T, P + T)
+    own = torch.arange(past + length, device=device) == (
+        torch.arange(past, past + length, device=device)[:, None])  # (T, P + T): the diagonal
+    return (causal & attention_mask[:, None, None, :]) | own          # (B, 1, T, P + T)
 
 
 def _is_sinusoidal_table(wpe: Tensor, config: GPTConfig) -> bool:

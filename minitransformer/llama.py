@@ -30,11 +30,11 @@ from torch.nn.utils import parametrize
 from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache, check_kv_cache
-from minitransformer.gpt import (_check_model_cache, _check_targets, _global_forward_hooks,
-                                 _init_weights, _next_token_loss)
+from minitransformer.gpt import (_attention_mask, _check_model_cache, _check_targets,
+                                 _global_forward_hooks, _init_weights, _next_token_loss,
+                                 _positions_from_mask, check_batch_inputs)
 from minitransformer.layers import (RMSNorm, SwiGLU, _check_layer_mask, _check_sequence,
                                     _dropout)
-from minitransformer.masks import causal_mask
 from minitransformer.pretrained import Rename
 from minitransformer.rotary import _angles, _check_head_dim, _rotate
 
@@ -396,7 +396,8 @@ class Llama(nn.Module):
         self.apply(_init_weights)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *,
-                kv_cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
+                kv_cache: KVCache | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Next-token scores for every position, and the loss when ``targets`` are given;
         as :meth:`GPT.forward <minitransformer.gpt.GPT.forward>`.
 
@@ -406,6 +407,9 @@ class Llama(nn.Module):
             kv_cache: a :class:`~minitransformer.cache.KVCache` with a slot per layer;
                 ``idx`` then holds the new tokens only, at positions ``kv_cache.seq_len``
                 onwards (their rotation angles start there).
+            attention_mask, position_ids: a padded batch, as for :meth:`GPT.forward
+                <minitransformer.gpt.GPT.forward>`; each row's queries and keys are turned by
+                the angles of its own positions.
 
         Returns:
             ``(logits, loss)``: logits ``(B, T, vocab_size)``, the mean cross-entropy or
@@ -417,10 +421,12 @@ class Llama(nn.Module):
         past = self._check_input(idx, kv_cache)
         if targets is not None:
             _check_targets(targets, idx, self.config.vocab_size)
+        position_ids = check_batch_inputs(self.config, idx, past, attention_mask, position_ids)
         length = idx.shape[1]
         x = _dropout(self.dropout, self.token_embedding(idx))        # (B, T, d_model)
-        rotary = self._rotary(past, length, x)                        # (T, d_h) twice
-        mask = causal_mask(length, past + length, device=idx.device) if length > 1 else None
+        rotary = (self._rotary(past, length, x) if position_ids is None   # (T, d_h) twice
+                  else self._rotary_at(position_ids, x))                  # (B, 1, T, d_h)
+        mask = _attention_mask(attention_mask, length, past, idx.device)
         for i, layer in enumerate(self.layers):
             x = layer.encode(x, rotary=rotary, attn_mask=mask, kv_cache=kv_cache, layer_idx=i)
         logits = self.head(self.norm.normalize(x))                    # (B, T, N)
@@ -430,6 +436,18 @@ class Llama(nn.Module):
         """The rotation tables of positions ``past`` to ``past + length - 1``."""
         c = self.config
         return _angles(length, c.head_dim, past, c.rope_theta, x.device, x.dtype)
+
+    def _rotary_at(self, position_ids: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The rotation tables of each row's positions ``position_ids`` ``(B, T)``, shaped
+        ``(B, 1, T, head_dim)`` to turn every head: the numbers :func:`~minitransformer.
+        rotary.rotary_angles` gives for those positions (the same products, in float32)."""
+        c = self.config
+        work = {"dtype": torch.promote_types(x.dtype, torch.float32), "device": x.device}
+        two_i = torch.arange(0, c.head_dim, 2, **work)                   # (d/2,)
+        frequencies = 1.0 / c.rope_theta ** (two_i / c.head_dim)         # theta_i
+        angles = position_ids.to(work["dtype"])[..., None] * frequencies  # (B, T, d/2)
+        angles = torch.cat([angles, angles], dim=-1)[:, None]           # (B, 1, T, d)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
     def _check_input(self, idx: Tensor, kv_cache: KVCache | None, *,
                      cache_required: bool = False) -> int:
@@ -458,13 +476,17 @@ class Llama(nn.Module):
         query heads (``enable_gqa``), which gives the numbers of the expanded heads without
         copying them.
 
-        ``step`` takes the new ids ``(B, T)`` (not checked) and the cache, and raises
+        ``step`` takes the new ids ``(B, T)`` (not checked), the cache, and :meth:`forward`'s
+        keyword-only ``attention_mask`` and ``position_ids`` (not checked), and raises
         ``ValueError`` when the cached and new positions exceed ``context_length``.
         """
         if not self._is_as_built():
-            def forward_step(idx: Tensor, kv_cache: KVCache) -> Tensor:
+            def forward_step(idx: Tensor, kv_cache: KVCache, *,
+                             attention_mask: Tensor | None = None,
+                             position_ids: Tensor | None = None) -> Tensor:
                 with eval_mode(self):
-                    return self(idx, kv_cache=kv_cache)[0]
+                    return self(idx, kv_cache=kv_cache, attention_mask=attention_mask,
+                                position_ids=position_ids)[0]
             return forward_step
         c = self.config
         blocks = [_BlockWeights.of(layer) for layer in self.layers]
@@ -476,14 +498,18 @@ class Llama(nn.Module):
             batch, length, _ = t.shape
             return t.view(batch, length, -1, c.head_dim).transpose(1, 2)
 
-        def step(idx: Tensor, kv_cache: KVCache) -> Tensor:
+        def step(idx: Tensor, kv_cache: KVCache, *, attention_mask: Tensor | None = None,
+                 position_ids: Tensor | None = None) -> Tensor:
             past, length = kv_cache.seq_len, idx.shape[1]
             if past + length > c.context_length:
                 raise ValueError(f"positions {past} to {past + length - 1} do not fit "
                                  f"context_length={c.context_length}")
+            if attention_mask is not None and position_ids is None:
+                position_ids = _positions_from_mask(attention_mask, length)
             x = F.embedding(idx, embedding)                           # (B, T, d_model)
-            cos, sin = self._rotary(past, length, x)
-            mask = causal_mask(length, past + length, device=idx.device) if length > 1 else None
+            cos, sin = (self._rotary(past, length, x) if position_ids is None
+                        else self._rotary_at(position_ids, x))
+            mask = _attention_mask(attention_mask, length, past, idx.device)
             for i, b in enumerate(blocks):
                 h = F.rms_norm(x, width, b.norm1, eps)
                 q = _rotate(split_heads(F.linear(h, b.q_proj)), cos, sin)
@@ -505,7 +531,7 @@ class Llama(nn.Module):
         config's eps and head width, no hooks and no parametrized weights."""
         cls = type(self)
         if (cls.forward is not Llama.forward or cls._rotary is not Llama._rotary
-                or _global_forward_hooks()):
+                or cls._rotary_at is not Llama._rotary_at or _global_forward_hooks()):
             return False
         for module in self.modules():
             if module is not self and type(module) not in _BUILT_TYPES:

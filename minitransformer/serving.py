@@ -1,0 +1,523 @@
+"""Continuous batching: one engine that serves many requests at once (chapter 18; Yu et al.,
+2022, Orca).
+
+Static batching starts a batch and waits for its longest answer: a request that ends early
+leaves its row idle, and a new request waits for the whole batch. The :class:`Engine` instead
+decides again at every step which requests run. A step:
+
+1. gives back the blocks of cancelled requests;
+2. admits waiting requests, oldest first, while fewer than ``max_batch`` run and the free blocks
+   hold the new request's tokens (plus one) after the running requests have taken the block
+   their next token may need;
+3. *prefills* each admitted request alone: its prompt in one forward pass, which writes its keys
+   and values into its blocks and gives its first token;
+4. *decodes* every other running request in one batched forward pass: one new token per row,
+   the rows left-padded to the longest (:class:`~minitransformer.paged_cache.PagedView`);
+5. ends the requests that wrote an end token, a stop string, or ``max_tokens`` tokens, and
+   frees their blocks, so that the next step admits waiting ones in their place.
+
+Prefill and decode thus share a step, in separate forward passes: a prompt of hundreds of
+tokens would otherwise pad every one-token decode row to its length. A new request's prefill
+runs alone, so its first token is exactly the one it gets alone (TTFT is one prefill after
+admission); on the CPU a prefill is already a large matrix product, and batching prefills buys
+little.
+
+The keys and values live in a :class:`~minitransformer.paged_cache.BlockPool`. A request takes
+a block each time its last one fills. When the pool is empty, the youngest running request is
+*preempted*: its blocks are freed and it goes back to the front of the queue with the tokens it
+has written; when it is admitted again, its prompt and tokens are prefilled again
+(recomputation, as vLLM does), and it continues where it stopped. No request fails, and none
+writes into another's blocks.
+
+Each request samples with its own generator (``seed``) and counts its own tokens for the
+penalties, so its tokens are those it gets alone with
+:func:`~minitransformer.generation.generate` (greedy or seeded), up to float rounding: a row of
+a batched matrix product may round differently from the same row alone (chapter 18 measures
+whether that ever changes a token).
+
+:meth:`Engine.submit` and :meth:`Engine.cancel` may be called from any thread while one thread
+calls :meth:`Engine.step` in a loop (the server's design); :meth:`Engine.run` drives the steps
+itself.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from minitransformer import _checks
+from minitransformer.generation import _check_sampling, _choose
+from minitransformer.paged_cache import BLOCK_SIZE, BlockPool
+
+FINISH_REASONS = ("stop", "length", "cancelled")
+
+
+class Request:
+    """One generation request: a prompt and how to continue it (OpenAI's parameters).
+
+    Args:
+        prompt_ids: the prompt's token ids, at least one.
+        max_tokens: the most new tokens, at least 1.
+        temperature, top_k, top_p, presence_penalty, frequency_penalty: as for
+            :func:`~minitransformer.generation.sample_next`; ``temperature=0`` is greedy.
+        seed: seeds the request's own ``torch.Generator``: its draws are those of
+            ``generate(..., generator=torch.Generator().manual_seed(seed))``; ``None`` draws
+            from PyTorch's global generator.
+        stop: a string or strings that end the text; the text stops before it.
+        stop_token_ids: the tokens that end the request (not in its text); ``None`` takes the
+            engine's ``eos_ids``.
+
+    Raises:
+        TypeError, ValueError: a bad prompt or option, naming it.
+    """
+
+    __slots__ = ("prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop",
+                 "presence_penalty", "frequency_penalty", "stop_token_ids")
+
+    def __init__(self, prompt_ids: Sequence[int], *, max_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop: str | Sequence[str] = (), presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0,
+                 stop_token_ids: Sequence[int] | None = None):
+        self.prompt_ids = _check_ids("prompt_ids", prompt_ids)
+        if not self.prompt_ids:
+            raise ValueError("prompt_ids is empty: a request needs at least one token")
+        self.max_tokens = _checks.check_int("max_tokens", max_tokens)
+        _check_sampling(temperature, top_k, None, presence_penalty, frequency_penalty,
+                        float("inf"))
+        if top_p is not None and not 0 < _checks.check_number("top_p", top_p) <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.presence_penalty, self.frequency_penalty = presence_penalty, frequency_penalty
+        self.seed = None if seed is None else _checks.check_int("seed", seed, low=0)
+        stops = (stop,) if isinstance(stop, str) else stop
+        _checks.check_type("stop", stops, (list, tuple), "a str or a list of str")
+        for s in stops:
+            _checks.check_type("stop", s, str, "a str or a list of str")
+            if not s:
+                raise ValueError("stop holds an empty string, which would end every text at "
+                                 "once")
+        self.stop = tuple(stops)
+        self.stop_token_ids = (None if stop_token_ids is None
+                               else _check_ids("stop_token_ids", stop_token_ids))
+
+    def __repr__(self) -> str:
+        return (f"Request({len(self.prompt_ids)} prompt tokens, max_tokens={self.max_tokens}, "
+                f"temperature={self.temperature}, seed={self.seed})")
+
+
+def _check_ids(name: str, ids: object) -> list[int]:
+    if isinstance(ids, Tensor):
+        if ids.ndim != 1:
+            raise ValueError(f"{name} must be one row of token ids, got shape "
+                             f"{_checks.shape(ids)}")
+        ids = ids.tolist()
+    _checks.check_type(name, ids, (list, tuple), "a list of token ids")
+    return [_checks.check_int(f"{name}[{i}]", t, low=0) for i, t in enumerate(ids)]
+
+
+class Event(NamedTuple):
+    """What one step did for one request: ``token_id`` the new token (``None`` for a
+    cancellation), ``text`` the new text (``""`` while the bytes of a character or a possible
+    stop string are held back), ``finish_reason`` ``None`` while it runs, then ``"stop"`` (an
+    end token or a stop string), ``"length"`` (``max_tokens``) or ``"cancelled"``."""
+
+    request_id: int
+    token_id: int | None
+    text: str
+    finish_reason: str | None
+
+
+class Completion(NamedTuple):
+    """A finished request: the new ``token_ids`` (an end token included), its ``text`` (end
+    token and stop string left out), ``finish_reason``, and OpenAI's ``usage`` counts."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class _Sequence:
+    """A request inside the engine: its tokens, blocks, generator and text state."""
+
+    def __init__(self, request_id: int, request: Request, stop_ids: frozenset[int],
+                 device: torch.device, vocab_size: int):
+        self.id, self.request = request_id, request
+        self.tokens = list(request.prompt_ids)       # prompt, then the new tokens
+        self.prompt_len = len(self.tokens)
+        self.blocks: list[int] = []
+        self.cached = 0                              # positions whose keys are in the blocks
+        self.stop_ids = stop_ids
+        self.generator = (None if request.seed is None
+                          else torch.Generator(device).manual_seed(request.seed))
+        penalised = request.presence_penalty or request.frequency_penalty
+        self.counts = (torch.zeros(1, vocab_size, dtype=torch.long, device=device)
+                       if penalised else None)
+        self.greedy = request.temperature == 0 and not penalised
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.pending = ""                            # decoded text held back for stop strings
+        self.finish_reason: str | None = None
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def limit(self) -> int:
+        """The most positions it ever caches (the last token is never fed back)."""
+        return self.prompt_len + self.request.max_tokens - 1
+
+    def choose(self, logits: Tensor) -> int:
+        """The next token from this row's scores ``(1, V)``, as ``generate`` picks it."""
+        r = self.request
+        return int(_choose(logits, r.temperature, r.top_k, r.top_p, r.presence_penalty,
+                           r.frequency_penalty, self.counts, self.generator)[0])
+
+    def text_of(self, piece: str, final: bool) -> tuple[str, bool]:
+        """The text that may go out after ``piece``, and whether a stop string ended it."""
+        self.pending += piece
+        stops = self.request.stop
+        if not stops:
+            out, self.pending = self.pending, ""
+            return out, False
+        found = [i for i in (self.pending.find(s) for s in stops) if i >= 0]
+        if found:
+            out, self.pending = self.pending[:min(found)], ""
+            return out, True
+        if final:
+            out, self.pending = self.pending, ""
+            return out, False
+        # hold back the longest end of the text that may begin a stop string
+        hold = max((k for s in stops for k in range(1, min(len(s), len(self.pending)) + 1)
+                    if self.pending.endswith(s[:k])), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+
+class Engine:
+    """A continuous-batching engine over a paged KV cache (see the module's notes).
+
+    Args:
+        model: a :class:`~minitransformer.gpt.GPT` or :class:`~minitransformer.llama.Llama`;
+            it is put in eval mode.
+        tokenizer: a :class:`~minitransformer.bpe.BPETokenizer` for the events' text (``None``:
+            tokens only, every text ``""``).
+        max_batch: the most requests that run at once.
+        kv_blocks: the blocks of the pool.
+        block_size: positions per block.
+        eos_ids: the tokens that end a request (``stop``); ``None`` takes the tokenizer's chat
+            tokens (``<|end|>`` and the role markers, as ``minitransformer chat`` stops), or
+            none without a tokenizer.
+
+    Raises:
+        TypeError, ValueError: a model that is not a GPT or Llama, a bad size or id.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
+                 kv_blocks: int = 256, block_size: int = BLOCK_SIZE,
+                 eos_ids: Sequence[int] | None = None):
+        from minitransformer.gpt import GPT
+        from minitransformer.llama import Llama
+
+        if not isinstance(model, (GPT, Llama)):
+            raise TypeError(f"model must be a GPT or a Llama, got {type(model).__name__}")
+        if tokenizer is not None and not callable(getattr(tokenizer, "token_bytes", None)):
+            raise TypeError(f"tokenizer must be a BPETokenizer (with token_bytes), got "
+                            f"{type(tokenizer).__name__}")
+        self.max_batch = _checks.check_int("max_batch", max_batch)
+        c = self.config = model.config
+        self.model, self.tokenizer = model.eval(), tokenizer
+        weight = model.token_embedding.weight
+        self.device = weight.device
+        kv_heads = getattr(c, "num_kv_heads", c.num_heads)
+        self.pool = BlockPool(kv_blocks, block_size, num_layers=c.num_layers,
+                              num_kv_heads=kv_heads, head_dim=c.d_model // c.num_heads,
+                              device=weight.device, dtype=weight.dtype)
+        if eos_ids is None:
+            from minitransformer.chat import CHAT_TOKENS
+
+            special = getattr(tokenizer, "special_tokens", None) or {}
+            eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
+        self.eos_ids = frozenset(self._check_vocab("eos_ids", _check_ids("eos_ids", eos_ids)))
+        self._forward = model.make_decode_step()
+        self._lock = threading.Lock()                 # the queue, the ids, the cancellations
+        self._step_lock = threading.Lock()            # one step at a time
+        self._next_id = 0
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._live: set[int] = set()                 # ids waiting or running
+        self._to_cancel: set[int] = set()
+        self._cancelled: list[Event] = []             # waiting requests cancelled, to report
+
+    # --- the public side: thread-safe ----------------------------------------------------------
+
+    def submit(self, request: Request) -> int:
+        """Queue ``request``; returns its id. Thread-safe.
+
+        Raises:
+            TypeError: ``request`` is not a :class:`Request`.
+            ValueError: a token outside the vocabulary, a prompt plus ``max_tokens`` past the
+                model's context, a request that could never fit the pool, a ``top_k`` past the
+                vocabulary.
+        """
+        _checks.check_type("request", request, Request, "a Request")
+        c = self.config
+        self._check_vocab("prompt_ids", request.prompt_ids)
+        if request.top_k is not None and request.top_k > c.vocab_size:
+            raise ValueError(f"top_k must be at most the vocabulary size {c.vocab_size}, got "
+                             f"{request.top_k}")
+        stop_ids = (self.eos_ids if request.stop_token_ids is None else
+                    frozenset(self._check_vocab("stop_token_ids", request.stop_token_ids)))
+        total = len(request.prompt_ids) + request.max_tokens
+        if total > c.context_length:
+            raise ValueError(f"the prompt's {len(request.prompt_ids)} tokens plus max_tokens="
+                             f"{request.max_tokens} make {total}, more than the model's "
+                             f"context_length={c.context_length}")
+        needed = self.pool.blocks_for(total - 1)
+        if needed > self.pool.num_blocks:
+            raise ValueError(f"the prompt's {len(request.prompt_ids)} tokens plus max_tokens="
+                             f"{request.max_tokens} need {needed} blocks of "
+                             f"{self.pool.block_size}, more than the pool's kv_blocks="
+                             f"{self.pool.num_blocks}")
+        with self._lock:
+            request_id = self._next_id
+            self._next_id += 1
+            self._live.add(request_id)
+            self._waiting.append(_Sequence(request_id, request, stop_ids, self.device,
+                                           c.vocab_size))
+        return request_id
+
+    def cancel(self, request_id: int) -> bool:
+        """Cancel a waiting or running request: its blocks are freed, and the next
+        :meth:`step` reports it with ``finish_reason="cancelled"``. Thread-safe. Returns
+        whether there was such a request still unfinished."""
+        with self._lock:
+            for seq in self._waiting:
+                if seq.id == request_id:
+                    self._waiting.remove(seq)
+                    self._live.discard(request_id)
+                    self._free(seq)
+                    self._cancelled.append(Event(request_id, None, "", "cancelled"))
+                    return True
+            if request_id in self._live:                  # running: the next step ends it
+                self._to_cancel.add(request_id)
+                return True
+        return False
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a :meth:`step` has something to do (requests waiting or running, or a
+        cancellation to report)."""
+        return bool(self._waiting or self._running or self._cancelled)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """The pool's free blocks."""
+        return self.pool.num_free
+
+    @property
+    def num_blocks(self) -> int:
+        """The pool's blocks."""
+        return self.pool.num_blocks
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def block_tables(self) -> dict[int, list[int]]:
+        """Each running request's blocks (a copy), by request id."""
+        with self._lock:
+            return {seq.id: list(seq.blocks) for seq in (*self._running, *self._waiting)
+                    if seq.blocks}
+
+    # --- the steps -----------------------------------------------------------------------------
+
+    def step(self) -> list[Event]:
+        """Run one scheduler step (see the module's notes); the events it produced, at most
+        one per request."""
+        with self._step_lock, torch.inference_mode():
+            events: list[Event] = []
+            with self._lock:
+                events += self._cancelled
+                self._cancelled = []
+                for seq in [s for s in self._running if s.id in self._to_cancel]:
+                    self._running.remove(seq)
+                    self._live.discard(seq.id)
+                    self._free(seq)
+                    events.append(Event(seq.id, None, "", "cancelled"))
+                self._to_cancel.clear()
+                admitted = self._admit()
+            decoding = [s for s in self._running if s.cached == len(s.tokens) - 1]
+            self._running += admitted
+            for seq in admitted:
+                event = self._prefill(seq)
+                if event is None:
+                    decoding.append(seq)      # recomputed after preemption: decode it now
+                else:
+                    events.append(event)
+            self._running = [s for s in self._running if s.finish_reason is None]
+            if decoding:
+                events += self._decode(decoding)
+            self._running = [s for s in self._running if s.finish_reason is None]
+            return events
+
+    def run(self, requests: Sequence[Request]) -> list[Completion]:
+        """Submit ``requests`` and step until they are all done; their completions, in order.
+        (For tests, the book and the benchmark: nobody else may be stepping the engine.)"""
+        ids = [self.submit(r) for r in requests]
+        tokens: dict[int, list[int]] = {i: [] for i in ids}
+        texts: dict[int, list[str]] = {i: [] for i in ids}
+        finished: dict[int, str] = {}
+        while len(finished) < len(ids):
+            if not self.has_work:
+                raise RuntimeError("the engine has no work left but requests are unfinished")
+            for event in self.step():
+                if event.request_id not in tokens:
+                    continue
+                if event.token_id is not None:
+                    tokens[event.request_id].append(event.token_id)
+                texts[event.request_id].append(event.text)
+                if event.finish_reason is not None:
+                    finished[event.request_id] = event.finish_reason
+        return [Completion(tokens[i], "".join(texts[i]), finished[i], len(r.prompt_ids),
+                           len(tokens[i])) for i, r in zip(ids, requests)]
+
+    def _admit(self) -> list[_Sequence]:
+        """Take waiting requests (oldest first) while a row and their blocks are free."""
+        pool = self.pool
+        growth = sum(1 for s in self._running if pool.blocks_for(s.cached + 1) > len(s.blocks))
+        budget = pool.num_free - growth
+        admitted = []
+        while self._waiting and len(self._running) + len(admitted) < self.max_batch:
+            seq = self._waiting[0]
+            if pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) > budget:
+                break
+            self._waiting.popleft()
+            prefill = len(seq.tokens) - (1 if seq.generated else 0)
+            seq.blocks = pool.allocate(pool.blocks_for(prefill))
+            budget -= pool.blocks_for(min(len(seq.tokens) + 1, seq.limit))
+            admitted.append(seq)
+        return admitted
+
+    def _prefill(self, seq: _Sequence) -> Event | None:
+        """Run the prompt (and, after a preemption, the tokens written so far but the last)
+        through the model alone; the event of its next token, or ``None`` when it was
+        recomputed and its next token is still to decode."""
+        length = len(seq.tokens) - (1 if seq.generated else 0)
+        idx = torch.tensor([seq.tokens[:length]], dtype=torch.long, device=self.device)
+        logits = self._forward(idx, self.pool.view([seq.blocks], [0], length))  # (1, T, V)
+        seq.cached = length
+        if seq.generated:
+            return None
+        return self._accept(seq, seq.choose(logits[:, -1]))
+
+    def _decode(self, rows: list[_Sequence]) -> list[Event]:
+        """One new token for every row, in one batched forward pass."""
+        rows = self._make_room(rows)
+        if not rows:
+            return []
+        view = self.pool.view([s.blocks for s in rows], [s.cached for s in rows], 1)
+        idx = torch.tensor([[s.tokens[-1]] for s in rows], dtype=torch.long, device=self.device)
+        logits = self._forward(idx, view, attention_mask=view.attention_mask,
+                               position_ids=view.position_ids)[:, -1]   # (B, V)
+        greedy = [i for i, s in enumerate(rows) if s.greedy]
+        best = logits[greedy].argmax(dim=-1).tolist() if greedy else []
+        chosen = dict(zip(greedy, best))
+        events = []
+        for i, seq in enumerate(rows):
+            seq.cached += 1
+            token = chosen[i] if i in chosen else seq.choose(logits[i:i + 1])
+            events.append(self._accept(seq, token))
+        return events
+
+    def _make_room(self, rows: list[_Sequence]) -> list[_Sequence]:
+        """Give each row the block its next position needs, preempting the youngest running
+        request while the pool is empty; the rows still running."""
+        pool = self.pool
+        for seq in list(rows):
+            if seq not in self._running:                 # preempted below
+                continue
+            while pool.blocks_for(seq.cached + 1) > len(seq.blocks):
+                block = pool.allocate(1)
+                if block is not None:
+                    seq.blocks += block
+                    continue
+                victim = self._running[-1]               # the youngest
+                self._preempt(victim)
+                if victim is seq:
+                    break
+        return [s for s in rows if s in self._running]
+
+    def _preempt(self, seq: _Sequence) -> None:
+        """Free ``seq``'s blocks and put it back at the front of the queue."""
+        self._running.remove(seq)
+        with self._lock:
+            self._free(seq)
+            seq.cached = 0
+            if seq.id in self._to_cancel:          # cancelled meanwhile: report it now
+                self._to_cancel.discard(seq.id)
+                self._live.discard(seq.id)
+                self._cancelled.append(Event(seq.id, None, "", "cancelled"))
+            else:
+                self._waiting.appendleft(seq)
+
+    def _free(self, seq: _Sequence) -> None:
+        if seq.blocks:
+            self.pool.free(seq.blocks)
+            seq.blocks = []
+
+    def _accept(self, seq: _Sequence, token: int) -> Event:
+        """Record ``token`` for ``seq``; its event, and the end of ``seq`` if it is done."""
+        seq.tokens.append(token)
+        if seq.counts is not None:
+            seq.counts[0, token] += 1
+        finish = None
+        if token in seq.stop_ids:
+            text, _ = seq.text_of(self._flush(seq), final=True)
+            finish = "stop"
+        else:
+            piece = ""
+            if self.tokenizer is not None:
+                piece = seq.decoder.decode(self.tokenizer.token_bytes(token))
+            text, stopped = seq.text_of(piece, final=False)
+            if stopped:
+                finish = "stop"
+            elif seq.generated >= seq.request.max_tokens:
+                more, stopped = seq.text_of(self._flush(seq), final=True)
+                text += more
+                finish = "stop" if stopped else "length"
+        if finish is not None:
+            seq.finish_reason = finish
+            with self._lock:
+                self._free(seq)
+                self._live.discard(seq.id)
+                self._to_cancel.discard(seq.id)
+        return Event(seq.id, token, text, finish)
+
+    def _flush(self, seq: _Sequence) -> str:
+        return seq.decoder.decode(b"", final=True) if self.tokenizer is not None else ""
+
+    def _check_vocab(self, name: str, ids: list[int]) -> list[int]:
+        for i, t in enumerate(ids):
+            if t >= self.config.vocab_size:
+                raise ValueError(f"{name}[{i}] is {t}, outside the model's vocabulary "
+                                 f"[0, {self.config.vocab_size})")
+        return ids
+
+    def __repr__(self) -> str:
+        return (f"Engine(max_batch={self.max_batch}, kv_blocks={self.pool.num_blocks}, "
+                f"block_size={self.pool.block_size}, running={len(self._running)}, "
+                f"waiting={len(self._waiting)})")

@@ -294,8 +294,10 @@ class GPT(nn.Module):
                              attention_mask: Tensor | None = None,
                              position_ids: Tensor | None = None) -> Tensor:
                 with eval_mode(self):                                 # no dropout here either
-                    return self(idx, kv_cache=kv_cache, attention_mask=attention_mask,
-                                position_ids=position_ids)[0]
+                    batch = {name: t for name, t in (("attention_mask", attention_mask),
+                                                     ("position_ids", position_ids))
+                             if t is not None}   # a subclass's forward may not take them
+                    return self(idx, kv_cache=kv_cache, **batch)[0]
             return forward_step
         blocks = [_BlockWeights.of(layer) for layer in self.layers]
         final_norm, head = _BlockWeights.norm(self.norm), self.head.weight

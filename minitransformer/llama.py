@@ -485,8 +485,10 @@ class Llama(nn.Module):
                              attention_mask: Tensor | None = None,
                              position_ids: Tensor | None = None) -> Tensor:
                 with eval_mode(self):
-                    return self(idx, kv_cache=kv_cache, attention_mask=attention_mask,
-                                position_ids=position_ids)[0]
+                    batch = {name: t for name, t in (("attention_mask", attention_mask),
+                                                     ("position_ids", position_ids))
+                             if t is not None}   # a subclass's forward may not take them
+                    return self(idx, kv_cache=kv_cache, **batch)[0]
             return forward_step
         c = self.config
         blocks = [_BlockWeights.of(layer) for layer in self.layers]

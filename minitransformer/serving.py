@@ -257,6 +257,7 @@ class Engine:
         self._live: set[int] = set()                 # ids waiting or running
         self._to_cancel: set[int] = set()
         self._cancelled: list[Event] = []             # waiting requests cancelled, to report
+        self.preemptions = 0                          # how often a request was preempted
 
     # --- the public side: thread-safe ----------------------------------------------------------
 
@@ -463,6 +464,7 @@ class Engine:
 
     def _preempt(self, seq: _Sequence) -> None:
         """Free ``seq``'s blocks and put it back at the front of the queue."""
+        self.preemptions += 1
         self._running.remove(seq)
         with self._lock:
             self._free(seq)

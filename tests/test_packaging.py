@@ -50,6 +50,13 @@ def test_the_wheel_holds_every_python_file_of_the_package(wheel):
     assert packed == source_files()
 
 
+def test_the_wheel_holds_the_chat_page_that_serve_shows(wheel):
+    pages = {path.relative_to(ROOT).as_posix() for path in (PACKAGE / "static").glob("*")}
+    assert "minitransformer/static/chat.html" in pages
+    with zipfile.ZipFile(wheel) as archive:
+        assert pages <= set(archive.namelist())
+
+
 def test_the_wheel_has_the_project_version(wheel):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
@@ -87,7 +94,8 @@ def _third_party_imports() -> dict[str, set[str]]:
 # the import name where it differs from the distribution's name on the package index
 _DISTRIBUTION = {"yaml": "pyyaml", "PIL": "pillow"}
 # imported only inside a function, behind a try/except ImportError, with an extra to install
-_OPTIONAL = {"huggingface_hub": "hub"}
+# (fastapi: by minitransformer.server, which cli/serve.py imports that way)
+_OPTIONAL = {"huggingface_hub": "hub", "fastapi": "serve", "uvicorn": "serve"}
 
 
 def _requirement_name(requirement: str) -> str:

@@ -3,7 +3,8 @@
 A thin layer: argparse turns flags into the package's own objects and runs the package's own
 code (the one training loop, :class:`~minitransformer.training.TrainingLoop`). This file is the
 whole parser, every command and flag; each command is a module of its own (``prepare.py``,
-``train.py``, ``generate.py``, ``convert.py``, ``finetune.py``, ``chat.py``), and what they
+``train.py``, ``generate.py``, ``convert.py``, ``finetune.py``, ``chat.py``, ``serve.py``), and
+what they
 share (refusals, threads, devices, processes, checkpoints) is in ``common.py``.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from minitransformer.cli import chat, convert, finetune, generate, prepare, train
+from minitransformer.cli import chat, convert, finetune, generate, prepare, serve, train
 from minitransformer.cli.common import (
     PROG,
     CommandLineError,
@@ -168,6 +169,28 @@ def build_parser() -> Parser:
     add("--seed", type=int, default=0, help="makes sampling repeatable (default 0)")
     add("--system", metavar="TEXT", help="a system message that begins the conversation")
     add("--device", help="default: minitransformer.default_device()")
+
+    s = commands.add_parser(
+        "serve", help="serve a model over HTTP, as OpenAI's API (chapter 18)",
+        description="An OpenAI-compatible server: POST /v1/chat/completions (the chat "
+        "template) and /v1/completions, streamed or not, GET /v1/models, and a chat page at "
+        "/. Requests share every forward pass (continuous batching) and a paged KV cache. "
+        "Needs the extra: pip install 'minitransformer[serve]'. SIGTERM or Ctrl+C finishes "
+        "the answers in flight and exits.")
+    s.set_defaults(run=serve.run)
+    add = s.add_argument
+    add("--model", metavar="DIR", required=True, help="a directory written by train or "
+        "finetune (the chat endpoint needs the chat tokens)")
+    add("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
+        "this machine only)")
+    add("--port", type=serve.port, default=8000, help="(default 8000; 0 picks a free one)")
+    add("--max-batch", type=positive, default=16, help="requests decoded together (default "
+        "16)")
+    add("--kv-blocks", type=positive, default=256, help="blocks of 16 tokens in the KV "
+        "cache's pool (default 256)")
+    add("--device", help="default: minitransformer.default_device()")
+    add("--threads", type=positive, help="CPU threads (default: OMP_NUM_THREADS, else the "
+        "cores idle now)")
 
     c = commands.add_parser("convert", help="pytorch_model.bin -> model.safetensors",
                             description="Write DIR/model.safetensors from DIR/pytorch_model.bin "

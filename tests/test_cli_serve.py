@@ -1,0 +1,175 @@
+"""``python -m minitransformer serve`` (chapter 18): the program around the server.
+
+It refuses bad flags, a missing model and a port in use with one line on stderr and exit
+status 2; it listens on 127.0.0.1 unless told otherwise; it answers the official ``openai``
+client as ``generate`` writes; SIGTERM lets the answer in flight finish, then it exits with 0.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+openai = pytest.importorskip("openai", reason="the openai client is not installed")
+httpx = pytest.importorskip("httpx", reason="the openai client's httpx is not installed")
+
+from minitransformer.cli import main  # noqa: E402
+from test_server import build_model_dir, cli_generate  # noqa: E402  (tests/ is on sys.path)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_model_dir(tmp_path_factory.mktemp("serve-cli"))
+
+
+@pytest.fixture(scope="module")
+def slow_model_dir(tmp_path_factory) -> Path:
+    """A model that takes a second or two for 400 tokens, and never writes <|end|>."""
+    return build_model_dir(tmp_path_factory.mktemp("serve-slow"), context_length=512,
+                           d_model=128, num_layers=4, end_scale=0.0)
+
+
+def refused(capsys, *argv) -> str:
+    """The one line that ``serve`` with these flags prints on stderr, exiting with 2."""
+    status = main(["serve", *map(str, argv)])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == "", (status, out, err)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("minitransformer"), err
+    return err
+
+
+def test_a_missing_model_directory_is_refused(capsys, tmp_path):
+    assert "--model" in refused(capsys, "--model", tmp_path / "nowhere")
+
+
+def test_a_directory_without_a_model_is_refused(capsys, tmp_path):
+    assert refused(capsys, "--model", tmp_path, "--port", 0)
+
+
+def test_a_port_in_use_is_refused_by_number(capsys, model_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = refused(capsys, "--model", model_dir, "--port", port)
+    assert f"--port {port}" in err and "cannot listen" in err, err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--max-batch", "0"], "--max-batch"),
+    (["--max-batch", "many"], "--max-batch"),
+    (["--kv-blocks", "-3"], "--kv-blocks"),
+    (["--port", "70000"], "--port"),
+    (["--port", "http"], "--port"),
+    (["--threads", "0"], "--threads"),
+    (["--device", "tpu"], "--device"),
+])
+def test_a_bad_flag_is_refused_by_name(capsys, model_dir, flags, words):
+    assert words in refused(capsys, "--model", model_dir, *flags)
+
+
+class Served:
+    """``python -m minitransformer serve`` in a subprocess, on a free port."""
+
+    def __init__(self, folder: Path, *flags: str) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+               "HF_HUB_OFFLINE": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "minitransformer", "serve", "--model", str(folder),
+             "--port", "0", "--device", "cpu", *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
+        assert ready, "serve printed nothing in 60 s"
+        self.banner = self.proc.stdout.readline()
+        assert self.banner.startswith("serving "), self.banner + self.proc.stderr.read()
+        self.url = self.banner.split(" at ")[1].split("/v1")[0]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused",
+                                    max_retries=0)
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM; the exit status and what was left on stderr."""
+        self.proc.send_signal(signal.SIGTERM)
+        status = self.proc.wait(timeout=30)
+        return status, self.proc.stderr.read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses that listen on ``port``, from /proc/net/tcp (hex, as the kernel
+    writes them: 0100007F is 127.0.0.1, 00000000 is every address)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:          # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux's /proc")
+def test_it_listens_on_127_0_0_1_answers_as_generate_and_stops_on_sigterm(model_dir):
+    served = Served(model_dir)
+    try:
+        assert served.url.startswith("http://127.0.0.1:")
+        assert listening_addresses(served.port) == {"0100007F"}
+        (model,) = served.client.models.list().data
+        assert model.id == model_dir.name
+        answer = served.client.completions.create(model=model.id, prompt="Once upon",
+                                                  max_tokens=9, temperature=0)
+        assert answer.choices[0].text == cli_generate(model_dir, "Once upon", 9)
+        page = httpx.get(served.url + "/", timeout=30)
+        assert page.status_code == 200 and "<script>" in page.text
+        status, err = served.stop()
+        assert status == 0, err
+        assert "0 answers in flight" in err and "Traceback" not in err, err
+    finally:
+        served.close()
+
+
+def test_sigterm_lets_the_answer_in_flight_finish_then_exits_cleanly(slow_model_dir):
+    served = Served(slow_model_dir)
+    try:
+        stream = served.client.completions.create(
+            model=slow_model_dir.name, prompt="The cat", max_tokens=400, temperature=0,
+            stream=True, stream_options={"include_usage": True})
+        chunks = iter(stream)
+        first = next(chunks)
+        started = time.monotonic()
+        served.proc.send_signal(signal.SIGTERM)
+        rest = list(chunks)
+        assert time.monotonic() - started < 30
+        text = first.choices[0].text + "".join(c.choices[0].text for c in rest if c.choices)
+        reasons = [c.choices[0].finish_reason for c in rest if c.choices]
+        assert reasons[-1] == "length" and rest[-1].usage.completion_tokens == 400
+        assert text == cli_generate(slow_model_dir, "The cat", 400)
+        status = served.proc.wait(timeout=30)
+        err = served.proc.stderr.read()
+        assert status == 0, err
+        assert "1 answer in flight finishes first" in err and "Traceback" not in err, err
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(served.url + "/v1/models", timeout=5)
+    finally:
+        served.close()

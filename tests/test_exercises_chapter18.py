@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from minitransformer.batching import left_pad
 from minitransformer.exercises import chapter18
 from minitransformer.exercises.chapter18 import (
     check_blocks_to_free,
@@ -20,6 +21,7 @@ from minitransformer.exercises.chapter18 import (
     check_merge_partials,
     partial_softmax,
 )
+from minitransformer.paged_cache import BlockPool, merge_partials
 
 # --- correct answers ----------------------------------------------------------------------------
 
@@ -132,6 +134,23 @@ def test_merged_partials_give_softmax_attention():
         m, l, o = check_merge_partials.reference(*first, *second)
         torch.testing.assert_close(o / l[:, None], scores.softmax(-1) @ values)
         torch.testing.assert_close(m, scores.max(-1).values)
+
+
+def test_the_references_are_the_packages():
+    """The checkers' references agree with batching.left_pad, paged_cache.merge_partials and
+    BlockPool.blocks_for, so that the exercises teach what the package does."""
+    for prompts, pad in check_left_pad.cases:
+        for mine, theirs in zip(check_left_pad.reference(prompts, pad),
+                                left_pad(prompts, pad_id=pad)):
+            assert mine.dtype == theirs.dtype
+            assert torch.equal(mine, theirs)
+    for case in check_merge_partials.cases:
+        for mine, theirs in zip(check_merge_partials.reference(*case), merge_partials(*case)):
+            torch.testing.assert_close(mine, theirs)
+    for table, num_tokens, free, block_size in check_grow_block_table.cases:
+        pool = BlockPool(16, block_size, num_layers=1, num_kv_heads=1, head_dim=1)
+        grown, _ = check_grow_block_table.reference(table, num_tokens, free, block_size)
+        assert len(grown) == max(len(table), pool.blocks_for(num_tokens))
 
 
 def test_the_cases_tell_the_older_and_newer_maxima_apart():

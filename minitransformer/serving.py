@@ -338,6 +338,16 @@ class Engine:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    def kv_usage(self) -> tuple[int, int]:
+        """``(used, reserved)``: the positions whose keys and values the requests hold, and the
+        positions of the blocks they hold (``block_size`` per block); their ratio is the
+        paged cache's overhead."""
+        with self._lock:
+            seqs = (*self._running, *self._waiting)
+            used = sum(s.cached for s in seqs)
+            reserved = sum(len(s.blocks) for s in seqs) * self.pool.block_size
+        return used, reserved
+
     def block_tables(self) -> dict[int, list[int]]:
         """Each running request's blocks (a copy), by request id."""
         with self._lock:

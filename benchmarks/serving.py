@@ -1,0 +1,313 @@
+"""Serving many requests: sequential, static batching and continuous batching, on a paged KV
+cache, against transformers' continuous batching (chapter 18).
+
+Run from the repository root:
+    .venv/bin/python benchmarks/serving.py [--quick] [--threads 2] [--size small]
+        [--no-transformers] [--json FILE]
+
+A randomly initialised GPT (``--size``) is saved with ``save_pretrained``; ours is read back
+with ``GPT.from_pretrained`` and transformers' with ``GPT2LMHeadModel.from_pretrained``: the
+same weights, float32, on the CPU. The workload for ``N`` concurrent requests (N = 1, 4, 16, 64;
+``--quick``: 1, 4, 16 with shorter texts) is ``N`` random prompts of mixed lengths, each with
+its own ``max_tokens``, all arriving at once, decoded greedily (no end token: each request
+writes exactly ``max_tokens`` tokens). Each way of serving them:
+
+* sequential: one request after the other, each with chapter 11's cache (the loop of
+  ``generate``, timed per token);
+* static batching: up to ``--max-batch`` requests left-padded into one batch that runs until
+  its longest answer is done, then the next batch (``generate_batch``'s loop, timed);
+* continuous: :class:`~minitransformer.serving.Engine` with ``max_batch=--max-batch``;
+* transformers: ``model.init_continuous_batching`` (the manager behind ``generate_batch``, which
+  takes one ``max_new_tokens`` for all; the manager takes each request's own), with at most
+  ``--max-batch`` requests per batch.
+
+Printed for each: tokens per second (of the requests' own tokens), time to first token and
+total latency (mean and worst, from the moment all arrive), and whether its tokens equal the
+sequential ones (a batch can round differently; a token that changes is a "flip", counted).
+For the continuous engine also the KV memory, summed over its steps: the positions the requests
+hold, the positions of their blocks, and what a contiguous cache would reserve (the context
+length per running request, or its prompt plus ``max_tokens``).
+
+Targets (issue 34, 2 cores): continuous >= 3x sequential at 16 requests; blocks reserved
+<= 1.5x used; continuous >= transformers (stretch 1.5x). Timings on a busy machine mean little:
+the load average is printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from minitransformer import GPT, GPTConfig, KVCache, generate, left_pad  # noqa: E402
+from minitransformer.paged_cache import BLOCK_SIZE  # noqa: E402
+from minitransformer.serving import Engine, Request  # noqa: E402
+
+SIZES = {
+    "small": GPTConfig(vocab_size=2048, context_length=512, num_layers=4, num_heads=4,
+                       d_model=256, activation="gelu_tanh"),
+    "book": GPTConfig(vocab_size=256, context_length=512, num_layers=4, num_heads=4,
+                      d_model=128, activation="gelu_tanh"),
+    "gpt2-small": GPTConfig(vocab_size=50257, context_length=1024, num_layers=12,
+                            num_heads=12, d_model=768, activation="gelu_tanh"),
+}
+
+
+def workload(n: int, vocab: int, quick: bool, seed: int = 0) -> list[tuple[list[int], int]]:
+    """``n`` (prompt, max_tokens) pairs of mixed lengths."""
+    g = torch.Generator().manual_seed(seed + n)
+    prompt_lengths, answer_lengths = ((4, 32), (4, 32)) if quick else ((8, 96), (8, 128))
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(*prompt_lengths, (1,), generator=g))
+        prompt = torch.randint(0, vocab, (length,), generator=g).tolist()
+        out.append((prompt, int(torch.randint(*answer_lengths, (1,), generator=g))))
+    return out
+
+
+class Timing:
+    """Per request: time to first token, total time, tokens (from a common start)."""
+
+    def __init__(self, n: int):
+        self.start = time.perf_counter()
+        self.first = [None] * n
+        self.end = [None] * n
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+
+    def token(self, i: int, token: int) -> None:
+        now = time.perf_counter() - self.start
+        if self.first[i] is None:
+            self.first[i] = now
+        self.tokens[i].append(token)
+        self.end[i] = now
+
+    def summary(self, wall: float | None = None) -> dict:
+        wall = max(self.end) if wall is None else wall
+        count = sum(len(t) for t in self.tokens)
+        return {"tokens": count, "seconds": wall, "tokens_per_s": count / wall,
+                "ttft_mean": statistics.mean(self.first), "ttft_max": max(self.first),
+                "total_mean": statistics.mean(self.end), "total_max": max(self.end)}
+
+
+@torch.inference_mode()
+def sequential(model: GPT, work: list) -> Timing:
+    """One request after the other: ``generate``'s cached loop, greedy, timed per token."""
+    step = model.make_decode_step()
+    timing = Timing(len(work))
+    for i, (prompt, new) in enumerate(work):
+        cache = KVCache(model.config.num_layers, max_len=len(prompt) + new)
+        idx = torch.tensor([prompt])
+        for _ in range(new):
+            token = step(idx, cache)[0, -1].argmax()
+            timing.token(i, int(token))
+            idx = token.view(1, 1)
+    return timing
+
+
+@torch.inference_mode()
+def static(model: GPT, work: list, max_batch: int) -> Timing:
+    """Batches of ``max_batch`` requests, each run until its longest answer is done
+    (``generate_batch``'s loop); a request's answer is ready when its batch ends."""
+    step = model.make_decode_step()
+    timing = Timing(len(work))
+    for first in range(0, len(work), max_batch):
+        batch = work[first:first + max_batch]
+        idx, mask, positions = left_pad([p for p, _ in batch], pad_id=0)
+        longest = max(n for _, n in batch)
+        cache = KVCache(model.config.num_layers, max_len=idx.shape[1] + longest)
+        for k in range(longest):
+            tokens = step(idx, cache, attention_mask=mask, position_ids=positions)[:, -1]
+            tokens = tokens.argmax(dim=-1)
+            for row, token in enumerate(tokens.tolist()):
+                if k < batch[row][1]:
+                    timing.token(first + row, token)
+            idx = tokens[:, None]
+            mask = torch.cat([mask, mask.new_ones(len(batch), 1)], dim=1)
+            positions = positions[:, -1:] + 1
+        done = time.perf_counter() - timing.start          # answers go out with the batch
+        for row in range(len(batch)):
+            timing.end[first + row] = done
+    return timing
+
+
+def continuous(model: GPT, work: list, max_batch: int, kv_blocks: int) -> tuple[Timing, dict]:
+    """The engine; its KV usage summed over its steps."""
+    engine = Engine(model, max_batch=max_batch, kv_blocks=kv_blocks)
+    timing = Timing(len(work))
+    ids = {engine.submit(Request(p, max_tokens=n, temperature=0)): i
+           for i, (p, n) in enumerate(work)}
+    maximum = {i: len(p) + n for i, (p, n) in enumerate(work)}
+    memory = {"used": 0, "blocks": 0, "contiguous_context": 0, "contiguous_max_tokens": 0,
+              "steps": 0, "peak_blocks": 0}
+    running: set[int] = set()
+    while engine.has_work:
+        for event in engine.step():
+            i = ids[event.request_id]
+            running.add(i)
+            timing.token(i, event.token_id)
+            if event.finish_reason:
+                running.discard(i)
+        used, reserved = engine.kv_usage()
+        memory["used"] += used
+        memory["blocks"] += reserved
+        memory["contiguous_context"] += len(running) * model.config.context_length
+        memory["contiguous_max_tokens"] += sum(maximum[i] for i in running)
+        memory["steps"] += 1
+        memory["peak_blocks"] = max(memory["peak_blocks"], engine.num_blocks
+                                    - engine.num_free_blocks)
+    memory["preemptions"] = engine.preemptions
+    return timing, memory
+
+
+def transformers_cb(folder: str, work: list, max_batch: int, kv_blocks: int) -> Timing:
+    """transformers' continuous batching (the manager behind ``generate_batch``), greedy,
+    each request with its own ``max_new_tokens``."""
+    from transformers import GenerationConfig, GPT2LMHeadModel
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
+    model = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+    config = GenerationConfig(do_sample=False, max_new_tokens=max(n for _, n in work),
+                              eos_token_id=None, pad_token_id=0)
+    longest = max(len(p) + n for p, n in work)
+    settings = ContinuousBatchingConfig(
+        max_requests_per_batch=max_batch, page_size=BLOCK_SIZE, num_blocks=kv_blocks,
+        max_batch_tokens=max(longest, 256))       # fixed sizes: there is no GPU to size them by
+    manager = model.init_continuous_batching(generation_config=config,
+                                             continuous_batching_config=settings)
+    manager.start()
+    try:
+        manager.add_request(work[0][0], max_new_tokens=2)      # warm-up, not timed
+        if manager.get_result(timeout=600) is None:
+            raise RuntimeError("transformers' manager did not answer the warm-up request")
+        timing = Timing(len(work))
+        ids = {manager.add_request(p, max_new_tokens=n, streaming=True): i
+               for i, (p, n) in enumerate(work)}
+        left = set(ids)
+        while left:
+            result = manager.get_result(timeout=60)
+            if result is None:
+                raise RuntimeError("transformers' manager stopped answering")
+            if result.request_id not in left:
+                continue
+            i = ids[result.request_id]
+            now = time.perf_counter() - timing.start
+            if timing.first[i] is None and result.generated_tokens:
+                timing.first[i] = now                      # streamed: its first token
+            if result.is_finished():
+                left.discard(result.request_id)
+                timing.tokens[i] = list(result.generated_tokens)
+                timing.end[i] = now
+    finally:
+        manager.stop(block=True)
+    return timing
+
+
+@torch.inference_mode()
+def batch_invariance(model: GPT, work: list) -> tuple[float, int]:
+    """The largest difference between the scores of each prompt's last position in one
+    left-padded batch and alone, and how many of their best tokens differ."""
+    idx, mask, positions = left_pad([p for p, _ in work], pad_id=0)
+    batched = model(idx, attention_mask=mask, position_ids=positions)[0][:, -1]
+    alone = torch.cat([model(torch.tensor([p]))[0][:, -1] for p, _ in work])
+    changed = int((batched.argmax(-1) != alone.argmax(-1)).sum())
+    return float((batched - alone).abs().max()), changed
+
+
+def flips(tokens: list[list[int]], reference: list[list[int]]) -> int:
+    """How many requests' tokens differ from the reference's."""
+    return sum(a != b for a, b in zip(tokens, reference))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1, 4, 16 requests, short texts")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--kv-blocks", type=int, default=512)
+    parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"load average {os.getloadavg()[0]:.1f}, {args.threads} threads, size {args.size}, "
+          f"max_batch {args.max_batch}, kv_blocks {args.kv_blocks}", flush=True)
+    torch.manual_seed(0)
+    config = SIZES[args.size]
+    results: dict = {"load": os.getloadavg()[0], "threads": args.threads, "size": args.size,
+                     "runs": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        GPT(config).save_pretrained(folder)
+        model = GPT.from_pretrained(folder).eval()
+        counts = (1, 4, 16) if args.quick else (1, 4, 16, 64)
+        check = workload(1, config.vocab_size, True)[0]
+        alone = generate(model, torch.tensor([check[0]]), check[1], temperature=0)
+        assert sequential(model, [check]).tokens[0] == alone[0, len(check[0]):].tolist()
+        for n in counts:
+            work = workload(n, config.vocab_size, args.quick)
+            runs = {"sequential": sequential(model, work),
+                    "static": static(model, work, args.max_batch)}
+            runs["continuous"], memory = continuous(model, work, args.max_batch,
+                                                    args.kv_blocks)
+            if not args.no_transformers:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    runs["transformers"] = transformers_cb(folder, work, args.max_batch,
+                                                           args.kv_blocks)
+            reference = runs["sequential"].tokens
+            print(f"\n{n} concurrent requests, {sum(m for _, m in work)} tokens to write")
+            print(f"  {'':13} {'tokens/s':>9} {'TTFT mean':>10} {'TTFT max':>9} "
+                  f"{'total mean':>11} {'total max':>10} {'flips':>6}")
+            summary = {}
+            for name, timing in runs.items():
+                s = summary[name] = timing.summary()
+                s["flips"] = flips(timing.tokens, reference)
+                print(f"  {name:13} {s['tokens_per_s']:9.1f} {s['ttft_mean']:9.3f}s "
+                      f"{s['ttft_max']:8.3f}s {s['total_mean']:10.3f}s {s['total_max']:9.3f}s "
+                      f"{s['flips']:6d}")
+            base = summary["sequential"]["tokens_per_s"]
+            ratios = {name: s["tokens_per_s"] / base for name, s in summary.items()}
+            print("  tokens/s / sequential: " + ", ".join(f"{k} {v:.2f}x"
+                                                        for k, v in ratios.items()))
+            if "transformers" in summary:
+                print(f"  continuous / transformers: "
+                      f"{summary['continuous']['tokens_per_s'] / summary['transformers']['tokens_per_s']:.2f}x")
+            used = max(memory["used"], 1)
+            print(f"  KV positions summed over {memory['steps']} steps: used {memory['used']}, "
+                  f"blocks {memory['blocks']} ({memory['blocks'] / used:.2f}x), contiguous "
+                  f"context-length {memory['contiguous_context']} "
+                  f"({memory['contiguous_context'] / used:.1f}x), contiguous prompt+max_tokens "
+                  f"{memory['contiguous_max_tokens']} "
+                  f"({memory['contiguous_max_tokens'] / used:.2f}x); peak blocks "
+                  f"{memory['peak_blocks']}, preemptions {memory['preemptions']}")
+            gap, changed = batch_invariance(model, work)
+            print(f"  batch invariance: last-position scores batched vs alone differ by at most "
+                  f"{gap:.1e}; best tokens changed: {changed} of {n}")
+            results["runs"][n] = {"summary": summary, "ratios": ratios, "memory": memory,
+                                  "logit_gap": gap, "argmax_changed": changed}
+    at = 16
+    if at in results["runs"]:
+        run = results["runs"][at]
+        print(f"\ntargets at {at} requests: continuous / sequential "
+              f"{run['ratios']['continuous']:.2f}x (>= 3); KV blocks / used "
+              f"{run['memory']['blocks'] / max(run['memory']['used'], 1):.2f}x (<= 1.5)"
+              + (f"; continuous / transformers "
+                 f"{run['ratios']['continuous'] / run['ratios']['transformers']:.2f}x (>= 1, "
+                 f"stretch 1.5)" if "transformers" in run["ratios"] else ""))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

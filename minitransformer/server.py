@@ -32,6 +32,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from minitransformer.chat import CHAT_TOKENS, ROLE_TOKENS, check_chat_tokenizer
+from minitransformer._checks import check_type
+from minitransformer.serving import Engine
 from minitransformer.serving import Request as EngineRequest
 
 __all__ = ["create_app"]
@@ -84,14 +86,19 @@ class _Worker:
         self._wake = threading.Event()
         self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="minitransformer-engine",
-                                        daemon=True)
+        self._thread: threading.Thread | None = None
 
     @property
     def in_flight(self) -> int:
         return len(self._queues)
 
     def start(self) -> None:
+        """Start the thread (again, when the app is served again after a stop)."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("the app is being served already: one server per app")
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="minitransformer-engine",
+                                        daemon=True)
         self._thread.start()
 
     def submit(self, request: EngineRequest) -> tuple[int, asyncio.Queue]:
@@ -117,20 +124,23 @@ class _Worker:
         self._wake.set()
 
     def stop(self) -> None:
-        """Cancel what is left and end the thread (the server is shutting down)."""
+        """Cancel what is left and end the thread once the engine has freed its blocks (the
+        server is shutting down)."""
         with self._lock:
             self._stopping = True
             for request_id in list(self._queues):
                 self.engine.cancel(request_id)
             self._fail_all("the server shut down before the answer was finished")
         self._wake.set()
-        if self._thread.is_alive():
+        if self._thread is not None:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stopping:
+        while True:
             self._wake.clear()
             if not self.engine.has_work:
+                if self._stopping:
+                    return
                 self._wake.wait()
                 continue
             try:
@@ -141,6 +151,7 @@ class _Worker:
                     for request_id in list(self._queues):
                         self.engine.cancel(request_id)
                     self._fail_all("the engine failed; see the server's log")
+                time.sleep(0.1)             # a failure that repeats must not spin
                 continue
             with self._lock:
                 for event in events:
@@ -374,7 +385,19 @@ def create_app(engine, tokenizer, *, model_name: str) -> FastAPI:
     ``GET /v1/models`` and the chat page at ``/``. The engine is stepped by a thread that
     starts and stops with the app (its lifespan). A chat answer ends at the chat format's
     tokens (``<|end|>`` or a role marker), as ``minitransformer chat`` does; a completion ends
-    at no token, as ``minitransformer generate`` does (``stop`` strings end both)."""
+    at no token, as ``minitransformer generate`` does (``stop`` strings end both).
+
+    Raises:
+        TypeError: an engine that is not an ``Engine``, a tokenizer that is not a
+            ``BPETokenizer``, a name that is not a str.
+        ValueError: an empty name.
+    """
+    check_type("engine", engine, Engine, "a minitransformer.serving.Engine")
+    if not callable(getattr(tokenizer, "encode", None)) or not isinstance(
+            getattr(tokenizer, "special_tokens", None), dict):
+        raise TypeError(f"tokenizer must be a BPETokenizer, got {type(tokenizer).__name__}")
+    if not check_type("model_name", model_name, str, "a str").strip():
+        raise ValueError("model_name is empty: clients ask for the model by this name")
     context = engine.config.context_length
     try:
         specials = check_chat_tokenizer(tokenizer)

@@ -81,6 +81,11 @@ def test_a_bad_flag_is_refused_by_name(capsys, model_dir, flags, words):
     assert words in refused(capsys, "--model", model_dir, *flags)
 
 
+def test_without_the_serve_extra_it_says_what_to_install(capsys, model_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)          # import uvicorn fails
+    assert "pip install 'minitransformer[serve]'" in refused(capsys, "--model", model_dir)
+
+
 class Served:
     """``python -m minitransformer serve`` in a subprocess, on a free port."""
 
@@ -131,12 +136,12 @@ def listening_addresses(port: int) -> set[str]:
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux's /proc")
 def test_it_listens_on_127_0_0_1_answers_as_generate_and_stops_on_sigterm(model_dir):
-    served = Served(model_dir)
+    served = Served(model_dir, "--name", "tiny-chat")
     try:
         assert served.url.startswith("http://127.0.0.1:")
         assert listening_addresses(served.port) == {"0100007F"}
         (model,) = served.client.models.list().data
-        assert model.id == model_dir.name
+        assert model.id == "tiny-chat"
         answer = served.client.completions.create(model=model.id, prompt="Once upon",
                                                   max_tokens=9, temperature=0)
         assert answer.choices[0].text == cli_generate(model_dir, "Once upon", 9)

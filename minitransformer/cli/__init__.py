@@ -181,6 +181,7 @@ def build_parser() -> Parser:
     add = s.add_argument
     add("--model", metavar="DIR", required=True, help="a directory written by train or "
         "finetune (the chat endpoint needs the chat tokens)")
+    add("--name", help="the model's id in the API (default: the directory's name)")
     add("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
         "this machine only)")
     add("--port", type=serve.port, default=8000, help="(default 8000; 0 picks a free one)")

@@ -39,12 +39,13 @@ def run(args: argparse.Namespace) -> int:
 
     where = device(args.device)
     sock = listen(args.host, args.port)
+    before = torch.get_num_threads()        # given back: main() may run inside a notebook
     try:
         torch.set_num_threads(threads(args.threads)[0])
         model, tokenizer = load(folder, where)
         engine = Engine(model.eval(), tokenizer, max_batch=args.max_batch,
                         kv_blocks=args.kv_blocks)
-        name = folder.resolve().name
+        name = args.name or folder.resolve().name
         app = create_app(engine, tokenizer, model_name=name)
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         serve(app, sock, uvicorn)
     finally:
         sock.close()
+        torch.set_num_threads(before)
     return 0
 
 

@@ -333,6 +333,25 @@ def _free_last_block(tables, finished):
     return [] if last in others else [last]
 
 
+def _grow_while_at_most(table, num_tokens, free, block_size):
+    table, free = list(table), list(free)
+    while len(table) * block_size <= num_tokens:
+        table.append(free.pop(0))
+    return table, free
+
+
+def _merge_with_max(m1, l1, o1, m2, l2, o2):
+    m = max(m1, m2)
+    return (m, torch.exp(m1 - m) * l1 + torch.exp(m2 - m) * l2,
+            torch.exp(m1 - m)[:, None] * o1 + torch.exp(m2 - m)[:, None] * o2)
+
+
+def _merge_with_math_exp(m1, l1, o1, m2, l2, o2):
+    m = torch.maximum(m1, m2)
+    old, new = math.exp(m1 - m), math.exp(m2 - m)
+    return m, old * l1 + new * l2, old * o1 + new * o2
+
+
 def _merge_no_rescale(m1, l1, o1, m2, l2, o2):
     return torch.maximum(m1, m2), l1 + l2, o1 + o2
 
@@ -416,6 +435,7 @@ CATALOGUE = [
     (check_grow_block_table, _grow_always_one, "a step inside a block takes none"),
     (check_grow_block_table, _grow_pop, "from the front of the free list"),
     (check_grow_block_table, _grow_keeps_free, "must leave the free list"),
+    (check_grow_block_table, _grow_while_at_most, "a full block needs no new one"),
     (check_blocks_to_free, _free_others, "not the others'"),
     (check_blocks_to_free, _free_shared_only, "the other way round"),
     (check_blocks_to_free, _free_positions, "not their places in it"),
@@ -431,6 +451,8 @@ CATALOGUE = [
     (check_merge_partials, _merge_weighted_by_l, "without weighting them by l1 and l2"),
     (check_merge_partials, _merge_normalised, "divide by l only once"),
     (check_merge_partials, _merge_mean, "rather than take their mean"),
+    (check_merge_partials, _merge_with_max, "Python's max"),
+    (check_merge_partials, _merge_with_math_exp, "use torch.exp"),
     (check_merge_partials, _merge_output_only, None),       # the tuple's length is said
     (check_merge_partials, _merge_softmax_of_maxima, None),
 ]
@@ -454,11 +476,12 @@ def test_at_least_nine_in_ten_wrong_answers_get_a_hint():
 
 
 def test_the_catalogue_hints_are_each_different():
-    """A hint is the mistake's own: the catalogue's answers to one checker get distinct hints."""
+    """A hint is the mistake's own: two of the catalogue's answers to one checker get the same
+    hint only when they are the same mistake written two ways (the same expected phrase)."""
     seen = {}
     for checker, wrong, phrase in CATALOGUE:
         if phrase is None:
             continue
         hint = checker.run(wrong).message.split("Hint: ", 1)[1]
-        assert (id(checker), hint) not in seen, (wrong.__name__, seen.get((id(checker), hint)))
-        seen[id(checker), hint] = wrong.__name__
+        earlier = seen.setdefault((id(checker), hint), (phrase, wrong.__name__))
+        assert earlier[0] == phrase, (wrong.__name__, earlier[1])

@@ -275,6 +275,20 @@ def _merge_cases() -> list[tuple]:
     return cases
 
 
+def _python_max(m1, l1, o1, m2, l2, o2):
+    m = max(m1, m2)         # one query: fine; several: "Boolean value of Tensor ..." error
+    a, b = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, a * l1 + b * l2, a[..., None] * o1 + b[..., None] * o2
+
+
+def _math_exp(m1, l1, o1, m2, l2, o2):
+    import math
+
+    m = torch.maximum(m1, m2)
+    a, b = math.exp(m1 - m), math.exp(m2 - m)   # one query: fine; several: an error
+    return m, a * l1 + b * l2, a * o1 + b * o2
+
+
 def _as_mean(m1, l1, o1, m2, l2, o2):
     m, l, o = _merge(m1, l1, o1, m2, l2, o2)
     return m, l, (o1 + o2) / 2
@@ -309,6 +323,10 @@ check_merge_partials = Checker(
         "the next merge divides again": lambda *a: _merge(*a, normalise=True),
         "the outputs are sums weighted by exp(score - m): rescale each to the common maximum "
         "and add them, rather than take their mean": _as_mean,
+        "take the larger maximum query by query with torch.maximum(m1, m2): Python's max "
+        "compares whole tensors, which works for one query only": _python_max,
+        "use torch.exp, which works on every query at once: math.exp takes a single number":
+            _math_exp,
     },
     match_every_case=True,
 )

@@ -1,0 +1,332 @@
+"""Checkers for the exercises of chapter 18, *Serving many users*.
+
+Each ``check_<thing>`` is called with the learner's function and prints one line (see
+:mod:`minitransformer.exercises`):
+
+* :data:`check_left_pad` -- ``my_left_pad(prompts, pad_id)``: ``(idx, attention_mask,
+  position_ids)`` of a batch of prompts of different lengths, padded on the left: ``idx`` the
+  token ids (``pad_id`` in front of the shorter prompts), ``attention_mask`` True on the real
+  tokens, ``position_ids`` 0, 1, 2, ... from each prompt's first real token and 0 on the pads.
+* :data:`check_grow_block_table` -- ``my_grow_block_table(block_table, num_tokens,
+  free_blocks, block_size)``: ``(block_table, free_blocks)`` after a request's table has grown to
+  hold ``num_tokens`` tokens, the missing blocks taken from the front of the free list.
+* :data:`check_blocks_to_free` -- ``my_blocks_to_free(block_tables, finished)``: the blocks,
+  sorted, that go back to the pool when request ``finished`` ends: those of its table that no
+  other request's table holds.
+* :data:`check_merge_partials` -- ``my_merge_partials(m1, l1, o1, m2, l2, o2)``: the online
+  softmax step. Each partial is the running maximum ``m`` of the scores, the sum ``l`` of
+  ``exp(score - m)`` and the unnormalised output ``o``, the sum of ``exp(score - m) * value``;
+  the result is the partial of both blocks' keys together.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from minitransformer.exercises import Checker
+
+__all__ = ["check_blocks_to_free", "check_grow_block_table", "check_left_pad",
+           "check_merge_partials"]
+
+
+# --- my_left_pad(prompts, pad_id) ---------------------------------------------------------------
+
+def _pad(prompts, pad_id, *, left=True, fill=None, mask_dtype=torch.bool, invert=False,
+         positions="real", pad_position=0, mask_from_ids=False):
+    """The padded batch, or one of the ways to get it wrong (the keywords)."""
+    width = max(len(p) for p in prompts)
+    fill = pad_id if fill is None else fill
+    idx = torch.full((len(prompts), width), fill, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
+    position_ids = torch.full((len(prompts), width), pad_position, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        n = len(prompt)
+        where = slice(width - n, width) if left else slice(0, n)
+        idx[row, where] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, where] = True
+        if positions == "real":
+            position_ids[row, where] = torch.arange(n)
+        elif positions == "from one":
+            position_ids[row, where] = torch.arange(1, n + 1)
+    if positions == "columns":              # counted from the first column, pads included
+        position_ids = torch.arange(width).expand(len(prompts), width).clone()
+    elif positions == "columns on real":
+        position_ids = torch.where(mask, torch.arange(width), pad_position)
+    if mask_from_ids:
+        mask = idx != pad_id
+        if mask_from_ids == "positions too":
+            position_ids = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    if invert:
+        mask = ~mask
+    return idx, mask.to(mask_dtype), position_ids
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    return _pad(prompts, pad_id)
+
+
+_RIGHT = ("pad on the left: the next token is written after the last column, so every prompt "
+          "must end in the last column. Padded on the right, a short prompt's next token "
+          "would follow its pads")
+
+check_left_pad = Checker(
+    reference=_left_pad,
+    # case 4's first prompt contains the pad id itself (a real token 0, pad_id 0)
+    cases=[([[5, 6, 7], [8, 9]], 1),
+           ([[3], [4, 5, 6, 7], [8, 9]], 99),
+           ([[10, 11], [12, 13]], 2),
+           ([[0, 11, 0], [12], [13, 14, 15, 16, 17]], 0)],
+    mistakes={
+        _RIGHT: lambda p, pad: _pad(p, pad, left=False),
+        _RIGHT + " (and count the positions from each prompt's first real token)":
+            lambda p, pad: _pad(p, pad, left=False, positions="columns"),
+        "count the positions from each prompt's first real token, not from the first column: a "
+        "prompt behind 3 pads starts at position 0, as it does alone, not at 3":
+            lambda p, pad: _pad(p, pad, positions="columns"),
+        "count the positions from each prompt's first real token, not from the first column "
+        "(the pads before it are not part of the text): its first token is at position 0":
+            lambda p, pad: _pad(p, pad, positions="columns on real"),
+        "positions start at 0: attention_mask.cumsum(-1) - 1 gives 0 on the first real token":
+            lambda p, pad: _pad(p, pad, positions="from one"),
+        "give the pads position 0: cumsum(-1) - 1 leaves -1 there, which is no position (an "
+        "embedding table has no row -1); set them to 0, e.g. with masked_fill":
+            lambda p, pad: _pad(p, pad, pad_position=-1),
+        "your pads have position 1, as transformers gives them: no token attends to a pad, so "
+        "any position works there, but this exercise asks for 0, so that the checker can "
+        "compare": lambda p, pad: _pad(p, pad, pad_position=1),
+        "the attention mask is boolean (dtype torch.bool), True on the real tokens, like the "
+        "masks of every chapter: not 1 and 0":
+            lambda p, pad: _pad(p, pad, mask_dtype=torch.long),
+        "the attention mask is boolean, True on the real tokens, like the masks of every "
+        "chapter: not 1.0 and 0.0": lambda p, pad: _pad(p, pad, mask_dtype=torch.float32),
+        "the mask is the wrong way round: True marks a real token (may attend), False a pad, "
+        "as in scaled_dot_product_attention (nn.MultiheadAttention's key_padding_mask is the "
+        "opposite)": lambda p, pad: _pad(p, pad, invert=True),
+        "fill with pad_id, not 0: the pads are the token pad_id":
+            lambda p, pad: _pad(p, pad, fill=0),
+        "build the mask from the lengths, not from idx != pad_id: a prompt may contain the pad "
+        "token itself (case 4's first prompt is 0, 11, 0 with pad_id 0), and its real tokens "
+        "must stay visible": lambda p, pad: _pad(p, pad, mask_from_ids=True),
+        "build the mask from the lengths, not from idx != pad_id: a prompt may contain the pad "
+        "token itself (case 4's first prompt is 0, 11, 0 with pad_id 0), and its real tokens "
+        "must stay visible and be counted in the positions":
+            lambda p, pad: _pad(p, pad, mask_from_ids="positions too"),
+    },
+    match_every_case=True,
+)
+
+
+# --- my_grow_block_table(block_table, num_tokens, free_blocks, block_size) ----------------------
+
+def _grow(block_table, num_tokens, free_blocks, block_size, *, count=None, taken=None,
+          from_end=False, keep_free=False):
+    needed = -(-num_tokens // block_size) if count is None else count(num_tokens, block_size)
+    missing = max(0, needed - len(block_table)) if taken is None else taken(needed, block_table)
+    if from_end:
+        new = list(reversed(free_blocks))[:missing]
+        rest = free_blocks[:len(free_blocks) - missing]
+    else:
+        new, rest = free_blocks[:missing], free_blocks[missing:]
+    return list(block_table) + new, list(free_blocks) if keep_free else rest
+
+
+def _grow_block_table(block_table: list[int], num_tokens: int, free_blocks: list[int],
+                      block_size: int) -> tuple[list[int], list[int]]:
+    return _grow(block_table, num_tokens, free_blocks, block_size)
+
+
+def _grow_cases() -> list[tuple]:
+    # a prefill of 6 tokens into an empty table, a decode step that fills a block exactly, one
+    # that starts a new block, a step within a block, and a prefill of exactly two blocks
+    return [([], 6, [7, 2, 9, 4, 0], 4),
+            ([3, 5], 8, [1, 6, 0], 4),
+            ([3, 5], 9, [1, 6, 0], 4),
+            ([8], 3, [2, 1], 4),
+            ([], 32, [11, 4, 6, 1], 16),
+            ([4, 1, 6], 33, [9, 2, 5, 0], 16)]
+
+
+check_grow_block_table = Checker(
+    reference=_grow_block_table,
+    cases=_grow_cases(),
+    mistakes={
+        "round the number of blocks up: 6 tokens in blocks of 4 need 2 blocks (the second "
+        "half full), so blocks = ceil(num_tokens / block_size), or -(-num_tokens // block_size)":
+            lambda t, n, f, b: _grow(t, n, f, b, count=lambda n, b: n // b),
+        "a full block needs no new one: 8 tokens fit in 2 blocks of 4, so take a block only when "
+        "num_tokens passes len(block_table) * block_size (ceil(n / b), not n // b + 1; and "
+        "num_tokens already counts the newest token, no + 1)":
+            lambda t, n, f, b: _grow(t, n, f, b, count=lambda n, b: n // b + 1),
+        "the table already holds len(block_table) blocks: take only the ones it lacks":
+            lambda t, n, f, b: _grow(t, n, f, b, taken=lambda need, table: need),
+        "take a block only when the table cannot hold num_tokens tokens; a step inside a block "
+        "takes none": lambda t, n, f, b: _grow(t, n, f, b,
+                                               taken=lambda need, table: 1),
+        "take the blocks from the front of the free list, in order (free_blocks[:k]), as the "
+        "exercise asks": lambda t, n, f, b: _grow(t, n, f, b, from_end=True),
+        "a block you hand out must leave the free list, or the next request is given it too and "
+        "writes over this one's keys and values": lambda t, n, f, b: _grow(t, n, f, b,
+                                                                         keep_free=True),
+    },
+    match_every_case=True,
+)
+
+
+# --- my_blocks_to_free(block_tables, finished) --------------------------------------------------
+
+def _still_used(block_tables, finished):
+    return {block for request, table in block_tables.items() if request != finished
+            for block in table}
+
+
+def _blocks_to_free(block_tables: dict[int, list[int]], finished: int) -> list[int]:
+    used = _still_used(block_tables, finished)
+    return sorted(set(block_tables[finished]) - used)
+
+
+def _free_cases() -> list[tuple]:
+    # request 2 shares its first block with request 1 (the same prompt prefix); case 2 shares
+    # two blocks with two requests; in case 3 nothing is shared; in case 4 everything is
+    return [({1: [4, 0, 6], 2: [4, 7], 3: [2, 5]}, 2),
+            ({7: [3, 8, 1, 9], 8: [3, 8, 2], 9: [3, 5], 10: [6]}, 7),
+            ({0: [5, 2], 1: [0, 3, 1]}, 1),
+            ({4: [6, 1], 5: [6, 1, 3], 6: [6]}, 4),
+            ({3: [9, 12, 10, 11], 4: [9, 2]}, 3)]
+
+
+check_blocks_to_free = Checker(
+    reference=_blocks_to_free,
+    cases=_free_cases(),
+    mistakes={
+        "a block that another request's table still holds (a shared prompt prefix) is still in "
+        "use: free only the blocks that no other request holds":
+            lambda tables, done: sorted(tables[done]),
+        "free the finished request's blocks, not the others': the blocks in its own table that "
+        "no other table holds": lambda tables, done: sorted(_still_used(tables, done)
+                                                            - set(tables[done])),
+        "the other way round: the shared blocks stay (another request still reads them), and "
+        "the blocks only the finished request holds go back to the pool":
+            lambda tables, done: sorted(set(tables[done]) & _still_used(tables, done)),
+        "free the block ids that the table holds, not their places in it (0, 1, 2, ...): "
+        "block_tables[finished] maps the request's blocks to blocks of the pool":
+            lambda tables, done: sorted(set(range(len(tables[done])))
+                                        - _still_used(tables, done)),
+        "return the blocks sorted, as a list": lambda tables, done: [
+            b for b in tables[done] if b not in _still_used(tables, done)],
+        "return a sorted list, not a set: sorted(...) turns a set into one":
+            lambda tables, done: set(_blocks_to_free(tables, done)),
+        "free every block of the finished request's table that no other table holds, all of "
+        "them, not only the last": lambda tables, done: sorted(
+            set(tables[done][-1:]) - _still_used(tables, done)),
+    },
+    match_every_case=True,
+)
+
+
+# --- my_merge_partials(m1, l1, o1, m2, l2, o2) --------------------------------------------------
+
+def _merge(m1, l1, o1, m2, l2, o2, *, rescale_old=(True, True), rescale_new=(True, True),
+           combine=torch.maximum, weights=False, normalise=False, flip=False):
+    m = combine(m1, m2)
+
+    def factor(mi):
+        return torch.exp(m - mi) if flip else torch.exp(mi - m)
+
+    one = torch.ones_like(m)
+    a_l, a_o = (factor(m1) if r else one for r in rescale_old)
+    b_l, b_o = (factor(m2) if r else one for r in rescale_new)
+    l = a_l * l1 + b_l * l2
+    if weights:         # as if o were normalised: weight each by its sum l
+        o = ((a_o * l1)[..., None] * o1 + (b_o * l2)[..., None] * o2) / l[..., None]
+    else:
+        o = a_o[..., None] * o1 + b_o[..., None] * o2
+    if normalise:
+        o = o / l[..., None]
+    return m, l, o
+
+
+def _merge_partials(m1: Tensor, l1: Tensor, o1: Tensor, m2: Tensor, l2: Tensor,
+                    o2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return _merge(m1, l1, o1, m2, l2, o2)
+
+
+def partial_softmax(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(m, l, o)`` of one block: ``scores`` (n, k) of n queries on its k keys, ``values``
+    (k, d). ``m`` (n,) the largest score, ``l`` (n,) the sum of ``exp(score - m)``, ``o`` (n, d)
+    the sum of ``exp(score - m) * value``."""
+    m = scores.max(dim=-1).values
+    weights = torch.exp(scores - m[:, None])
+    return m, weights.sum(dim=-1), weights @ values
+
+
+def _merge_cases() -> list[tuple]:
+    generator = torch.Generator().manual_seed(18)
+    cases = []
+    # the second block's scores are shifted up in cases 1 and 3, down in case 2, so that the
+    # larger maximum is sometimes the older block's, sometimes the newer one's
+    for queries, keys1, keys2, dim, shift in ((1, 3, 2, 2, 2.0), (2, 4, 4, 3, -3.0),
+                                              (3, 2, 5, 4, 1.5), (2, 3, 3, 2, 0.5)):
+        s1 = torch.randn(queries, keys1, generator=generator) * 2
+        s2 = torch.randn(queries, keys2, generator=generator) * 2 + shift
+        v1 = torch.randn(keys1, dim, generator=generator)
+        v2 = torch.randn(keys2, dim, generator=generator)
+        cases.append((*partial_softmax(s1, v1), *partial_softmax(s2, v2)))
+    return cases
+
+
+def _python_max(m1, l1, o1, m2, l2, o2):
+    m = max(m1, m2)         # one query: fine; several: "Boolean value of Tensor ..." error
+    a, b = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, a * l1 + b * l2, a[..., None] * o1 + b[..., None] * o2
+
+
+def _math_exp(m1, l1, o1, m2, l2, o2):
+    import math
+
+    m = torch.maximum(m1, m2)
+    a, b = math.exp(m1 - m), math.exp(m2 - m)   # one query: fine; several: an error
+    return m, a * l1 + b * l2, a * o1 + b * o2
+
+
+def _as_mean(m1, l1, o1, m2, l2, o2):
+    m, l, o = _merge(m1, l1, o1, m2, l2, o2)
+    return m, l, (o1 + o2) / 2
+
+
+check_merge_partials = Checker(
+    reference=_merge_partials,
+    cases=_merge_cases(),
+    mistakes={
+        "rescale the older partial too: its l1 and o1 were summed relative to m1, so when the "
+        "maximum grows to m, multiply both by exp(m1 - m)":
+            lambda *a: _merge(*a, rescale_old=(False, False)),
+        "rescale both partials to the common maximum: l1 and o1 by exp(m1 - m), l2 and o2 by "
+        "exp(m2 - m) (whichever maximum was smaller gets a factor below 1)":
+            lambda *a: _merge(*a, rescale_old=(False, False), rescale_new=(False, False)),
+        "rescale the older output o1 as you rescale its sum l1: both by exp(m1 - m)":
+            lambda *a: _merge(*a, rescale_old=(True, False)),
+        "rescale the older sum l1 as you rescale its output o1: both by exp(m1 - m)":
+            lambda *a: _merge(*a, rescale_old=(False, True)),
+        "rescale the newer partial too: l2 and o2 by exp(m2 - m)":
+            lambda *a: _merge(*a, rescale_new=(False, False)),
+        "the factor is exp(m1 - m), at most 1 (m is the larger maximum): each term moves from "
+        "its own maximum down to the common one": lambda *a: _merge(*a, flip=True),
+        "the common maximum is the larger of the two, torch.maximum(m1, m2)":
+            lambda *a: _merge(*a, combine=torch.minimum),
+        "the common maximum is the larger of the two, torch.maximum(m1, m2), not their sum":
+            lambda *a: _merge(*a, combine=torch.add),
+        "o is not normalised yet: it is a sum of exp(score - m) * value, already weighted, so "
+        "add the rescaled o1 and o2 without weighting them by l1 and l2":
+            lambda *a: _merge(*a, weights=True),
+        "keep o unnormalised (a sum, like l): divide by l only once, after the last block, or "
+        "the next merge divides again": lambda *a: _merge(*a, normalise=True),
+        "the outputs are sums weighted by exp(score - m): rescale each to the common maximum "
+        "and add them, rather than take their mean": _as_mean,
+        "take the larger maximum query by query with torch.maximum(m1, m2): Python's max "
+        "compares whole tensors, which works for one query only": _python_max,
+        "use torch.exp, which works on every query at once: math.exp takes a single number":
+            _math_exp,
+    },
+    match_every_case=True,
+)

@@ -186,8 +186,8 @@ prepare(sys.argv[1], sys.argv[2], tokenizer=sys.argv[3], workers=1, progress=Fal
 
 def test_a_killed_prepare_is_refused_then_prepared_again(tmp_path):
     big = tmp_path / "big.txt"
-    with open(big, "w", encoding="utf-8") as f:
-        for k in range(4):
+    with open(big, "w", encoding="utf-8") as f:  # about 5 MB: several 1 MB blocks to kill between
+        for k in range(28):
             f.write(CORPUS.read_text(encoding="utf-8").replace("the", f"the{k}"))
             f.write(SAMPLES[4].read_bytes().decode("utf-8"))
     out = tmp_path / "out"

@@ -493,7 +493,11 @@ def create_app(engine, tokenizer, *, model_name: str) -> FastAPI:
         if not isinstance(prompt, str):
             raise OpenAIError("prompt must be a string (one prompt per request), got "
                               f"{json.dumps(prompt)[:80]}", param="prompt", code="invalid_type")
-        ids = tokenizer.encode(prompt)
+        try:
+            ids = tokenizer.encode(prompt)
+        except (TypeError, ValueError) as error:  # a lone surrogate is not UTF-8, for one
+            raise OpenAIError(f"prompt cannot be encoded: {error}", param="prompt",
+                              code="invalid_value") from None
         if not ids:
             raise OpenAIError("prompt is empty: give the text to continue", param="prompt",
                               code="invalid_value")

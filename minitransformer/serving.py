@@ -43,6 +43,7 @@ itself.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -387,8 +388,32 @@ class Engine:
 
     def run(self, requests: Sequence[Request]) -> list[Completion]:
         """Submit ``requests`` and step until they are all done; their completions, in order.
-        (For tests, the book and the benchmark: nobody else may be stepping the engine.)"""
-        ids = [self.submit(r) for r in requests]
+        (For tests, the book and the benchmark: nobody else may be stepping the engine.)
+
+        A request that :meth:`submit` refuses raises its ``ValueError`` or ``TypeError`` with
+        its index, and the ones before it are cancelled (none is left behind); so is every
+        unfinished one when a step fails or the run is interrupted."""
+        ids: list[int] = []
+        try:
+            for k, request in enumerate(requests):
+                try:
+                    ids.append(self.submit(request))
+                except (TypeError, ValueError) as error:
+                    raise type(error)(f"requests[{k}]: {error}") from None
+            return self._run(requests, ids)
+        except BaseException:
+            self._cancel_all(ids)
+            raise
+
+    def _cancel_all(self, ids: list[int]) -> None:
+        """Cancel ``ids`` and report the cancellations, so that their blocks are free and
+        nothing of theirs is left waiting or running."""
+        if any([self.cancel(i) for i in ids]):
+            with contextlib.suppress(Exception):
+                while self._to_cancel or self._cancelled:
+                    self.step()
+
+    def _run(self, requests: Sequence[Request], ids: list[int]) -> list[Completion]:
         tokens: dict[int, list[int]] = {i: [] for i in ids}
         texts: dict[int, list[str]] = {i: [] for i in ids}
         finished: dict[int, str] = {}

@@ -239,6 +239,36 @@ def test_requests_that_cannot_run_are_refused():
     engine.submit(Request([1] * 10, max_tokens=7))      # 16 positions: just fits
 
 
+def test_a_run_with_a_refused_request_leaves_nothing_behind():
+    # review of chapter 18: the requests submitted before the refused one stayed in the engine
+    # and ran during the next run, holding blocks
+    engine = Engine(gpt(context_length=32), max_batch=4, kv_blocks=8, block_size=4)
+    with pytest.raises(ValueError, match=r"requests\[1\]: the prompt's 30 tokens"):
+        engine.run([Request([1, 2, 3], max_tokens=5, temperature=0.0),
+                    Request([1] * 30, max_tokens=5, temperature=0.0)])
+    assert not engine.has_work and engine.num_free_blocks == 8
+    (done,) = engine.run([Request([4, 5], max_tokens=3, temperature=0.0)])
+    assert done.completion_tokens == 3 and not engine.has_work
+
+
+def test_a_run_that_fails_in_a_step_cancels_its_requests(monkeypatch):
+    engine = Engine(gpt(), max_batch=4, kv_blocks=16, block_size=4)
+    calls = []
+    step = engine.step
+
+    def failing_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a step failed")
+        return step()
+
+    monkeypatch.setattr(engine, "step", failing_step)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        engine.run(mixed_requests(6))
+    assert not engine.has_work and engine.num_free_blocks == 16
+    check_invariants(engine)
+
+
 def test_bad_requests_and_engines_are_refused():
     with pytest.raises(ValueError, match="prompt_ids is empty"):
         Request([], max_tokens=3)

@@ -190,6 +190,33 @@ def test_right_padding(capsys):
     assert "pad on the left" in _hint(check_left_pad, pad, capsys)
 
 
+@pytest.mark.parametrize("pads_at", ["last position", "-1", "1", "column"])
+def test_right_padding_whatever_the_pads_positions(pads_at, capsys):
+    """Right padding is one mistake, whatever positions the pads get: the hint does not depend
+    on them (cumsum(-1) - 1 clamped at 0 gives a pad its prompt's last position)."""
+    def pad(prompts, pad_id):
+        width = max(len(p) for p in prompts)
+        idx = torch.tensor([p + [pad_id] * (width - len(p)) for p in prompts])
+        mask = torch.tensor([[True] * len(p) + [False] * (width - len(p)) for p in prompts])
+        positions = {"last position": (mask.cumsum(-1) - 1).clamp(min=0),
+                     "-1": (mask.long().cumsum(-1) - 1).masked_fill(~mask, -1),
+                     "1": (mask.long().cumsum(-1) - 1).masked_fill(~mask, 1),
+                     "column": torch.arange(width).repeat(len(prompts), 1)}[pads_at]
+        return idx, mask, positions
+    assert "pad on the left" in _hint(check_left_pad, pad, capsys)
+
+
+def test_a_table_grown_in_place_fails(capsys):
+    """The exercise asks for two new lists: a function that appends to the caller's table and
+    pops the caller's free list returns the right values, and fails with its hint."""
+    def grow(block_table, num_tokens, free_blocks, block_size):
+        while len(block_table) * block_size < num_tokens:
+            block_table.append(free_blocks.pop(0))
+        return block_table, free_blocks
+    hint = _hint(check_grow_block_table, grow, capsys)
+    assert "return two new lists" in hint
+
+
 def test_positions_counted_from_the_pad(capsys):
     def pad(prompts, pad_id):
         width = max(len(p) for p in prompts)
@@ -215,6 +242,13 @@ def test_freeing_a_block_still_in_use(capsys):
 
 
 # --- a catalogue of wrong answers, written as a learner would ------------------------------------
+
+def _right_pad_cumsum(prompts, pad_id):
+    width = max(len(p) for p in prompts)
+    idx = torch.tensor([p + [pad_id] * (width - len(p)) for p in prompts])
+    mask = torch.tensor([[i < len(p) for i in range(width)] for p in prompts])
+    return idx, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
 
 def _right_pad_arange(prompts, pad_id):
     width = max(len(p) for p in prompts)
@@ -302,6 +336,29 @@ def _grow_keeps_free(table, num_tokens, free, block_size):
     return table + free[:missing], free
 
 
+def _grow_in_place(table, num_tokens, free, block_size):
+    while len(table) * block_size < num_tokens:
+        table.append(free.pop(0))
+    return table, free
+
+
+def _grow_same_lists_when_none_needed(table, num_tokens, free, block_size):
+    missing = math.ceil(num_tokens / block_size) - len(table)
+    if missing <= 0:
+        return table, free
+    return table + free[:missing], free[missing:]
+
+
+def _grow_from_the_end(table, num_tokens, free, block_size):
+    missing = max(0, math.ceil(num_tokens / block_size) - len(table))
+    return table + free[len(free) - missing:], free[:len(free) - missing]
+
+
+def _grow_from_the_end_slice(table, num_tokens, free, block_size):
+    missing = max(0, math.ceil(num_tokens / block_size) - len(table))
+    return table + free[-missing:], free[:-missing]
+
+
 def _free_others(tables, finished):
     mine = set(tables[finished])
     return sorted({b for r, t in tables.items() if r != finished for b in t} - mine)
@@ -350,6 +407,16 @@ def _merge_with_math_exp(m1, l1, o1, m2, l2, o2):
     m = torch.maximum(m1, m2)
     old, new = math.exp(m1 - m), math.exp(m2 - m)
     return m, old * l1 + new * l2, old * o1 + new * o2
+
+
+def _merge_newer_maximum(m1, l1, o1, m2, l2, o2):
+    a = torch.exp(m1 - m2)
+    return m2, a * l1 + l2, a[:, None] * o1 + o2
+
+
+def _merge_older_maximum(m1, l1, o1, m2, l2, o2):
+    b = torch.exp(m2 - m1)
+    return m1, l1 + b * l2, o1 + b[:, None] * o2
 
 
 def _merge_no_rescale(m1, l1, o1, m2, l2, o2):
@@ -420,6 +487,7 @@ def _merge_softmax_of_maxima(m1, l1, o1, m2, l2, o2):
 # (checker, wrong answer, a phrase of the hint it should get; None where no hint is expected)
 CATALOGUE = [
     (check_left_pad, _right_pad_arange, "pad on the left"),
+    (check_left_pad, _right_pad_cumsum, "pad on the left"),
     (check_left_pad, _positions_from_one, "positions start at 0"),
     (check_left_pad, _positions_minus_one, "give the pads position 0"),
     (check_left_pad, _positions_as_transformers, "as transformers gives them"),
@@ -436,6 +504,10 @@ CATALOGUE = [
     (check_grow_block_table, _grow_pop, "from the front of the free list"),
     (check_grow_block_table, _grow_keeps_free, "must leave the free list"),
     (check_grow_block_table, _grow_while_at_most, "a full block needs no new one"),
+    (check_grow_block_table, _grow_in_place, "return two new lists"),
+    (check_grow_block_table, _grow_same_lists_when_none_needed, "return two new lists"),
+    (check_grow_block_table, _grow_from_the_end, "from the front of the free list"),
+    (check_grow_block_table, _grow_from_the_end_slice, "from the front of the free list"),
     (check_blocks_to_free, _free_others, "not the others'"),
     (check_blocks_to_free, _free_shared_only, "the other way round"),
     (check_blocks_to_free, _free_positions, "not their places in it"),
@@ -448,6 +520,8 @@ CATALOGUE = [
     (check_merge_partials, _merge_new_not_rescaled, "rescale the newer partial too"),
     (check_merge_partials, _merge_flipped, "at most 1"),
     (check_merge_partials, _merge_min, "the larger of the two"),
+    (check_merge_partials, _merge_newer_maximum, "the newer block's m2"),
+    (check_merge_partials, _merge_older_maximum, "the older partial's m1"),
     (check_merge_partials, _merge_weighted_by_l, "without weighting them by l1 and l2"),
     (check_merge_partials, _merge_normalised, "divide by l only once"),
     (check_merge_partials, _merge_mean, "rather than take their mean"),

@@ -8,8 +8,9 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
   token ids (``pad_id`` in front of the shorter prompts), ``attention_mask`` True on the real
   tokens, ``position_ids`` 0, 1, 2, ... from each prompt's first real token and 0 on the pads.
 * :data:`check_grow_block_table` -- ``my_grow_block_table(block_table, num_tokens,
-  free_blocks, block_size)``: ``(block_table, free_blocks)`` after a request's table has grown to
-  hold ``num_tokens`` tokens, the missing blocks taken from the front of the free list.
+  free_blocks, block_size)``: ``(block_table, free_blocks)``, two new lists, after a request's
+  table has grown to hold ``num_tokens`` tokens, the missing blocks taken from the front of the
+  free list; the caller's lists stay as they were.
 * :data:`check_blocks_to_free` -- ``my_blocks_to_free(block_tables, finished)``: the blocks,
   sorted, that go back to the pool when request ``finished`` ends: those of its table that no
   other request's table holds.
@@ -21,13 +22,83 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
 
-from minitransformer.exercises import Checker
+from minitransformer.exercises import FAIL, Checker, Verdict, show_input
 
 __all__ = ["check_blocks_to_free", "check_grow_block_table", "check_left_pad",
            "check_merge_partials"]
+
+
+@dataclass
+class _ShapeChecker(Checker):
+    """A :class:`Checker` that also knows two kinds of mistake that no single wrong function
+    stands for.
+
+    ``shapes``: ``{hint: predicate}``, tried when no listed mistake explains a failing answer;
+    ``predicate(cases, answers)`` is True when the learner's answers (one per case) have the
+    mistake's shape, whatever the rest of them (right padding, whatever the pads' positions).
+    ``keep_arguments``: where set, an answer that is right but changed the caller's arguments,
+    or returned one of them as its own, fails with this hint.
+    """
+
+    shapes: Mapping[str, Callable[[list, list], bool]] = field(default_factory=dict)
+    keep_arguments: str | None = None
+
+    def run(self, function):
+        changed = []
+
+        def recorded(*args):
+            before = copy.deepcopy(args)
+            result = function(*args)
+            parts = result if isinstance(result, tuple) else (result,)
+            mutated = _differ(args, before)
+            aliased = any(part is arg for part in parts for arg in args
+                          if isinstance(arg, (list, dict)))
+            changed.append((mutated, args) if mutated or aliased else None)
+            return result
+
+        verdict = super().run(recorded if callable(function) else function)
+        if not verdict or self.keep_arguments is None:
+            return verdict
+        for number, (args, change) in enumerate(zip(self.cases, changed), start=1):
+            if change is not None:
+                mutated, after = change
+                what = ("changed its arguments to " + show_input(after, self._names())
+                        if mutated else "returned one of its arguments itself, not a new list")
+                return Verdict(False, f"{FAIL} case {number}: for input "
+                               f"{show_input(args, self._names())} your function returned the "
+                               f"right values but {what}. Hint: {self.keep_arguments}")
+        return verdict
+
+    def _hint_for(self, function, answers, message, args, *, got=None, error=None):
+        text = super()._hint_for(function, answers, message, args, got=got, error=error)
+        if text != message or not self.shapes:
+            return text
+        outcomes = [self._outcome(function, case) for case in self.cases]
+        if any(kind != "value" for kind, _ in outcomes):
+            return text
+        values = [value for _, value in outcomes]
+        for hint, shape in self.shapes.items():
+            try:
+                matches = bool(shape(self.cases, values))
+            except Exception:       # an answer of another shape altogether
+                matches = False
+            if matches:
+                return f"{message}. Hint: {hint}"
+        return text
+
+
+def _differ(one, other) -> bool:
+    try:
+        return bool(one != other)
+    except Exception:       # a comparison that itself fails counts as a change
+        return True
 
 
 # --- my_left_pad(prompts, pad_id) ---------------------------------------------------------------
@@ -70,7 +141,14 @@ _RIGHT = ("pad on the left: the next token is written after the last column, so 
           "must end in the last column. Padded on the right, a short prompt's next token "
           "would follow its pads")
 
-check_left_pad = Checker(
+def _padded_on_the_right(cases, answers) -> bool:
+    """Every answer's ids are the prompts padded on the right, whatever its mask and positions
+    (the positions of the pads differ with the way they were computed)."""
+    return all(torch.equal(torch.as_tensor(answer[0]).long(), _pad(*case, left=False)[0])
+               for case, answer in zip(cases, answers))
+
+
+check_left_pad = _ShapeChecker(
     reference=_left_pad,
     # case 4's first prompt contains the pad id itself (a real token 0, pad_id 0)
     cases=[([[5, 6, 7], [8, 9]], 1),
@@ -113,6 +191,7 @@ check_left_pad = Checker(
         "must stay visible and be counted in the positions":
             lambda p, pad: _pad(p, pad, mask_from_ids="positions too"),
     },
+    shapes={_RIGHT: _padded_on_the_right},
     match_every_case=True,
 )
 
@@ -147,7 +226,31 @@ def _grow_cases() -> list[tuple]:
             ([4, 1, 6], 33, [9, 2, 5, 0], 16)]
 
 
-check_grow_block_table = Checker(
+_FRONT = ("take the blocks from the front of the free list, in order (free_blocks[:k]), as the "
+          "exercise asks")
+
+
+def _other_free_blocks(cases, answers) -> bool:
+    """Every table that needs k blocks grew by k distinct free blocks, not always the front
+    ones (the end of the list, or the front reversed). A table that needs none is not looked
+    at: free_blocks[-k:] takes the whole list when k is 0, a slip that the front's slice
+    free_blocks[:k] does not have."""
+    elsewhere = False
+    for (table, num_tokens, free, block_size), answer in zip(cases, answers):
+        grown = list(answer[0])
+        k = len(_grow_block_table(table, num_tokens, free, block_size)[0]) - len(table)
+        new = grown[len(table):]
+        if grown[:len(table)] != list(table):
+            return False
+        if k == 0:
+            continue
+        if len(new) != k or len(set(new)) != k or not set(new) <= set(free):
+            return False
+        elsewhere |= new != list(free[:k])
+    return elsewhere
+
+
+check_grow_block_table = _ShapeChecker(
     reference=_grow_block_table,
     cases=_grow_cases(),
     mistakes={
@@ -163,12 +266,17 @@ check_grow_block_table = Checker(
         "take a block only when the table cannot hold num_tokens tokens; a step inside a block "
         "takes none": lambda t, n, f, b: _grow(t, n, f, b,
                                                taken=lambda need, table: 1),
-        "take the blocks from the front of the free list, in order (free_blocks[:k]), as the "
-        "exercise asks": lambda t, n, f, b: _grow(t, n, f, b, from_end=True),
+        _FRONT: lambda t, n, f, b: _grow(t, n, f, b, from_end=True),
         "a block you hand out must leave the free list, or the next request is given it too and "
         "writes over this one's keys and values": lambda t, n, f, b: _grow(t, n, f, b,
                                                                          keep_free=True),
     },
+    shapes={_FRONT: _other_free_blocks},
+    keep_arguments=(
+        "return two new lists and leave block_table and free_blocks as they were (build them "
+        "with block_table + ... and slices, or copy them first with list(...)): the caller "
+        "still holds its lists, the pool's free list and the request's table, and decides "
+        "itself what to do with the new ones"),
     match_every_case=True,
 )
 
@@ -316,6 +424,12 @@ check_merge_partials = Checker(
             lambda *a: _merge(*a, combine=torch.minimum),
         "the common maximum is the larger of the two, torch.maximum(m1, m2), not their sum":
             lambda *a: _merge(*a, combine=torch.add),
+        "the common maximum is the larger of the two, torch.maximum(m1, m2): the newer block's "
+        "m2 is not always the larger (in case 2 its scores are smaller than the older block's)":
+            lambda *a: _merge(*a, combine=lambda m1, m2: m2),
+        "the common maximum is the larger of the two, torch.maximum(m1, m2): the older "
+        "partial's m1 is not always the larger (in case 1 the newer block's scores are larger)":
+            lambda *a: _merge(*a, combine=lambda m1, m2: m1),
         "o is not normalised yet: it is a sum of exp(score - m) * value, already weighted, so "
         "add the rescaled o1 and o2 without weighting them by l1 and l2":
             lambda *a: _merge(*a, weights=True),

@@ -566,6 +566,9 @@ class GPT(nn.Module):
 
 
 FAST_PIECES = 8  # the blocks of rows of GPT.make_fast_decode_step's products (4 to 16 ran alike)
+# below this many numbers (1 MiB of float32) a matrix is read in less time than the blocks'
+# few extra calls take (about 8 microseconds): F.linear is faster (the book's model, chapter 11)
+FAST_MIN_NUMEL = 2 ** 18
 
 
 def _pieces_pay(x: Tensor) -> bool:
@@ -577,11 +580,12 @@ def _pieces_pay(x: Tensor) -> bool:
 def _row_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for a few rows ``x`` ``(B, in)``, as :data:`FAST_PIECES`
     products of blocks of ``weight``'s rows (views, no copy), batched in one call; the rows
-    beyond a whole number of blocks go through ``F.linear``. ``(B, out)``, the same numbers
-    up to the order of the additions."""
+    beyond a whole number of blocks go through ``F.linear``, and so does a weight of fewer
+    than :data:`FAST_MIN_NUMEL` numbers. ``(B, out)``, the same numbers up to the order of
+    the additions."""
     out, width = weight.shape
     size = out // FAST_PIECES                            # rows of weight per block
-    if size == 0:
+    if size == 0 or out * width < FAST_MIN_NUMEL:
         return F.linear(x, weight, bias)
     whole, rows = size * FAST_PIECES, x.shape[0]
     blocks = weight[:whole].view(FAST_PIECES, size, width).transpose(1, 2)  # (P, in, size)

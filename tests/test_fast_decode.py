@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 import minitransformer as mt
+import minitransformer.gpt as gpt_module
 from minitransformer import GPT, GPTConfig, KVCache, generate
-from minitransformer.gpt import FAST_PIECES, _row_product
+from minitransformer.gpt import FAST_MIN_NUMEL, FAST_PIECES, _row_product
 
 EPS = torch.finfo(torch.float32).eps
 CONFIGS = {
@@ -37,6 +38,13 @@ CONFIGS = {
     "odd": GPTConfig(vocab_size=5, context_length=40, num_layers=2, num_heads=3, d_model=12,
                      d_ff=20, positional="sinusoidal"),
 }
+
+
+@pytest.fixture(autouse=True)
+def blocks_for_every_size(monkeypatch):
+    """The test models are small, so that their matrices would go through F.linear (see
+    test_which_products_go_through_blocks): here every matrix is cut into blocks."""
+    monkeypatch.setattr(gpt_module, "FAST_MIN_NUMEL", 0)
 
 
 def model_of(name: str, *, dtype: torch.dtype | None = None) -> GPT:
@@ -117,6 +125,29 @@ def test_a_row_product_is_f_linear_to_rounding(rows, out, width, bias):
         0 if b is None else b.double().abs()))
     assert bool(((got.double() - exact).abs() <= bound).all())
     assert FAST_PIECES > 1
+
+
+@pytest.mark.parametrize("dtype, calls", [(torch.float32, 2), (torch.float64, 2),
+                                          (torch.bfloat16, 0)])
+def test_which_products_go_through_blocks(monkeypatch, dtype, calls):
+    """On the CPU in float32 and float64, the matrices of at least FAST_MIN_NUMEL numbers: at
+    d_model 256 the feed-forward's two (4 * 256 * 256 = 2 ** 18), not the attention's or the
+    head (1003 * 256); in bfloat16, none. The book's model (at most 128 * 512) has none."""
+    monkeypatch.setattr(gpt_module, "FAST_MIN_NUMEL", FAST_MIN_NUMEL)
+    batched = []
+    baddbmm = torch.baddbmm
+    monkeypatch.setattr(torch, "baddbmm", lambda *a: batched.append(1) or baddbmm(*a))
+    config = GPTConfig(vocab_size=1003, context_length=16, num_layers=2, num_heads=4,
+                       d_model=256)
+    for model, per_step in ((GPT(config, dtype=dtype).eval(), calls * config.num_layers),
+                            (model_of("book", dtype=dtype), 0)):
+        step, cache = model.make_fast_decode_step(), KVCache(model.config.num_layers)
+        with torch.no_grad():
+            step(torch.tensor([[1, 2, 3]]), cache)                 # the prefill: F.linear
+            assert batched == []
+            step(torch.tensor([[4]]), cache)
+        assert len(batched) == per_step
+        batched.clear()
 
 
 def test_weights_changed_in_place_or_moved_are_seen():

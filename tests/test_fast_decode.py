@@ -230,7 +230,8 @@ def test_bfloat16(name):
         ordinary = run(model.make_decode_step(), idx, model.config.num_layers)
     assert fast.dtype == torch.bfloat16
     scale = ordinary.abs().max().item()
-    assert (fast.float() - ordinary.float()).abs().max() <= 8 * torch.finfo(torch.bfloat16).eps * scale
+    bfloat16_eps = torch.finfo(torch.bfloat16).eps
+    assert (fast.float() - ordinary.float()).abs().max() <= 8 * bfloat16_eps * scale
     prompt = idx[:, :6]
     assert torch.equal(generate(model, prompt, 30, temperature=0, fast=True),
                        generate(model, prompt, 30, temperature=0))

@@ -339,16 +339,19 @@ class GPT(nn.Module):
         ``benchmarks/decode_vs_transformers.py`` times it against ``transformers``.
 
         At one token per row, each linear layer is a matrix-vector product: it reads every
-        weight once for one multiply-add, so its speed is the memory's. On the course's CPU,
-        ``F.linear`` of one row (a BLAS ``gemv``) read float32 weights at about 40% of the
-        memory bandwidth. This step cuts each weight matrix into :data:`FAST_PIECES` blocks of
-        rows, views of the weight itself (no copy), and multiplies the vector by all of them
-        in one batched call (``torch.baddbmm``), which read at about 80%: the threads share the
-        blocks, and each block's product is a small matrix product. Rows that do not fill a
-        whole block (the head's 50,257 words are not a multiple of 8) go through ``F.linear``.
-        That changes the order of the additions, hence the rounding. Other dtypes (bfloat16)
-        and devices keep ``F.linear``, whose kernels there were as fast; the step still saves
-        Python's time per layer.
+        weight once for one multiply-add, so its speed is the memory's. On the course's CPU
+        (2 threads), ``F.linear`` of one row (a BLAS ``gemv``, which ran on one thread) read
+        GPT-2 small's float32 weights at about 40% of the memory bandwidth. This step cuts
+        each weight matrix of at least :data:`FAST_MIN_NUMEL` numbers into
+        :data:`FAST_PIECES` blocks of rows, views of the weight itself (no copy), and
+        multiplies the vector by all of them in one batched call (``torch.baddbmm``), which
+        the threads share: the whole step then ran at 50-67% of the bandwidth, 1.5x the
+        ordinary step (at 1 thread, no faster). Rows that do not fill a whole block (the
+        head's 50,257 words are not a multiple of 8) go through ``F.linear``, as do smaller
+        matrices, read faster than the blocks' few extra calls take. The blocks change the
+        order of the additions, hence the rounding. Other dtypes (bfloat16) and devices keep
+        ``F.linear``, whose kernels there were as fast; the step still saves Python's time
+        per layer.
 
         The step follows the model exactly as :meth:`make_decode_step`'s does (the same
         weight tensors, so a weight changed in place, by an optimizer or ``load_state_dict``,

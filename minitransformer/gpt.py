@@ -341,12 +341,13 @@ class GPT(nn.Module):
         At one token per row, each linear layer is a matrix-vector product: it reads every
         weight once for one multiply-add, so its speed is the memory's. On the course's CPU
         (2 threads), ``F.linear`` of one row (a BLAS ``gemv``, which ran on one thread) read
-        GPT-2 small's float32 weights at about 40% of the memory bandwidth. This step cuts
+        GPT-2 small's float32 weights at well under half the memory bandwidth. This step cuts
         each weight matrix of at least :data:`FAST_MIN_NUMEL` numbers into
         :data:`FAST_PIECES` blocks of rows, views of the weight itself (no copy), and
         multiplies the vector by all of them in one batched call (``torch.baddbmm``), which
-        the threads share: the whole step then ran at 50-67% of the bandwidth, 1.5x the
-        ordinary step (at 1 thread, no faster). Rows that do not fill a whole block (the
+        the threads share: the whole step ran 1.5-1.7x as fast as the ordinary one, at about
+        40-50% of the best bandwidth measured against the ordinary step's 28% (at 1 thread,
+        no faster; on a busy machine, two threads that wait for each other can be slower). Rows that do not fill a whole block (the
         head's 50,257 words are not a multiple of 8) go through ``F.linear``, as do smaller
         matrices, read faster than the blocks' few extra calls take. The blocks change the
         order of the additions, hence the rounding. Other dtypes (bfloat16) and devices keep

@@ -163,6 +163,7 @@ def generate(
     frequency_penalty: float = 0.0,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
+    fast: bool = False,
 ) -> Tensor:
     """Continue each row of ``idx`` by up to ``max_new_tokens`` tokens, one at a time
     (chapter 9).
@@ -198,6 +199,11 @@ def generate(
         temperature, top_k, top_p, presence_penalty, frequency_penalty, generator: as for
             :func:`sample_next`; ``temperature=0`` is greedy.
         eos_id: the token that ends a row; ``None`` runs every row ``max_new_tokens`` steps.
+        fast: with the cache, step through ``model.make_fast_decode_step()`` where the model
+            has that method (:meth:`GPT.make_fast_decode_step
+            <minitransformer.gpt.GPT.make_fast_decode_step>`): faster, with logits equal to
+            the ordinary step's up to float rounding instead of bit for bit. Other models, and
+            ``use_cache=False``, run as without it.
 
     Returns:
         long tensor ``(B, T + n)``, ``n <= max_new_tokens``: the prompt followed by the new
@@ -217,6 +223,7 @@ def generate(
                             device=None if weight is None else weight.device)
     _checks.check_int("max_new_tokens", max_new_tokens, low=0)
     _checks.check_type("use_cache", use_cache, bool, "True or False")
+    _checks.check_type("fast", fast, bool, "True or False")
     _check_sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
                     config.vocab_size)
     if eos_id is not None and _checks.check_int("eos_id", eos_id, low=0) >= config.vocab_size:
@@ -232,7 +239,7 @@ def generate(
     options = _Sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
                         generator)
     with eval_mode(model), torch.inference_mode():
-        idx = _continue(model, idx.long(), max_new_tokens, use_cache, options, eos_id)
+        idx = _continue(model, idx.long(), max_new_tokens, use_cache, options, eos_id, fast)
     return idx.clone()                           # an ordinary tensor, not an inference tensor
 
 
@@ -272,11 +279,13 @@ def _check_language_model(model: object, use_cache: bool) -> object:
 
 
 def _continue(model: nn.Module, idx: Tensor, max_new_tokens: int, use_cache: bool,
-              options: _Sampling, eos_id: int | None) -> Tensor:
+              options: _Sampling, eos_id: int | None, fast: bool = False) -> Tensor:
     """:func:`generate`'s loop, on checked arguments: ``idx`` followed by the new tokens."""
     total = idx.shape[1] + max_new_tokens
     cache = KVCache(model.config.num_layers, max_len=total) if use_cache else None
     make_step = getattr(model, "make_decode_step", None)  # a faster cached pass, if there is one
+    if fast:
+        make_step = getattr(model, "make_fast_decode_step", make_step)
     step = make_step() if cache is not None and make_step is not None else None
     penalised = bool(options.presence_penalty or options.frequency_penalty)
     counts = (torch.zeros(idx.shape[0], model.config.vocab_size, dtype=torch.long,

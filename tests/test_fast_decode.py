@@ -1,0 +1,266 @@
+"""GPT.make_fast_decode_step (issue 34): the decode step rearranged for speed, opt-in.
+
+Its products run as batched blocks of the weights' rows, so the additions happen in another
+order than ``F.linear``'s: the logits are those of the ordinary step (``make_decode_step``,
+bit for bit ``forward``) up to float32 rounding, and the greedy tokens are the same.
+
+"Within float32 rounding" is checked two ways on every decode step: (1) every logit is within
+``8 * eps`` of the ordinary step's, ``eps = torch.finfo(torch.float32).eps`` (1.2e-7) scaled by
+the largest logit's magnitude (measured: 0 to 2.2 eps); (2) against a float64 copy of the model
+(the exact numbers, to float32's eyes), the fast step's largest error is at most twice the
+ordinary step's (measured: equal).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minitransformer as mt
+import minitransformer.gpt as gpt_module
+from minitransformer import GPT, GPTConfig, KVCache, generate
+from minitransformer.gpt import FAST_MIN_NUMEL, FAST_PIECES, _row_product
+
+EPS = torch.finfo(torch.float32).eps
+CONFIGS = {
+    # GPT-2 small's shape scaled down: tanh GELU, learned positions, d_ff = 4 d_model, and a
+    # vocabulary that is not a multiple of FAST_PIECES (as 50,257 is not)
+    "gpt2-like": GPTConfig(vocab_size=1003, context_length=64, num_layers=3, num_heads=4,
+                           d_model=96, activation="gelu_tanh"),
+    # the book's model (chapter 11)
+    "book": GPTConfig(vocab_size=256, context_length=1024, num_layers=4, num_heads=4,
+                      d_model=128),
+    # widths that are not multiples of FAST_PIECES anywhere, sinusoidal positions, and a
+    # vocabulary smaller than FAST_PIECES
+    "odd": GPTConfig(vocab_size=5, context_length=40, num_layers=2, num_heads=3, d_model=12,
+                     d_ff=20, positional="sinusoidal"),
+}
+
+
+@pytest.fixture(autouse=True)
+def blocks_for_every_size(monkeypatch):
+    """The test models are small, so that their matrices would go through F.linear (see
+    test_which_products_go_through_blocks): here every matrix is cut into blocks."""
+    monkeypatch.setattr(gpt_module, "FAST_MIN_NUMEL", 0)
+
+
+def model_of(name: str, *, dtype: torch.dtype | None = None) -> GPT:
+    torch.manual_seed(0)
+    return GPT(CONFIGS[name], dtype=dtype).eval()
+
+
+def prompt_of(config: GPTConfig, rows: int = 2, length: int = 20) -> torch.Tensor:
+    return torch.randint(config.vocab_size, (rows, length),
+                         generator=torch.Generator().manual_seed(1))
+
+
+def run(step, idx: torch.Tensor, num_layers: int, prefill: int = 8,
+        batch: dict | None = None) -> torch.Tensor:
+    """The logits of ``idx``: its first ``prefill`` tokens at once, then one token a step;
+    ``batch[t]``: the keywords of the step that ends at token ``t`` (a padded batch)."""
+    batch, cache = batch or {}, KVCache(num_layers)
+    logits = [step(idx[:, :prefill], cache, **batch.get(prefill - 1, {}))]
+    for t in range(prefill, idx.shape[1]):
+        logits.append(step(idx[:, t:t + 1], cache, **batch.get(t, {})))
+    return torch.cat(logits, dim=1)
+
+
+def assert_within_float32_rounding(fast: torch.Tensor, ordinary: torch.Tensor,
+                                   exact: torch.Tensor) -> None:
+    scale = exact.abs().max().item()
+    assert (fast - ordinary).abs().max().item() <= 8 * EPS * scale
+    assert ((fast.double() - exact).abs().max()
+            <= 2 * (ordinary.double() - exact).abs().max() + EPS * scale)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_within_float32_rounding_and_the_same_greedy_tokens(name):
+    model = model_of(name)
+    idx = prompt_of(model.config)
+    exact_model = copy.deepcopy(model).double()
+    with torch.no_grad():
+        fast = run(model.make_fast_decode_step(), idx, model.config.num_layers)
+        ordinary = run(model.make_decode_step(), idx, model.config.num_layers)
+        exact = run(exact_model.make_decode_step(), idx, model.config.num_layers)
+    # the prefill (8 tokens at once) is the ordinary step's, bit for bit
+    assert torch.equal(fast[:, :8], ordinary[:, :8])
+    assert_within_float32_rounding(fast[:, 8:], ordinary[:, 8:], exact[:, 8:])
+    prompt = idx[:, :6]
+    greedy = generate(model, prompt, 30, temperature=0)
+    assert torch.equal(generate(model, prompt, 30, temperature=0, fast=True), greedy)
+
+
+def test_a_padded_batch_takes_the_same_masks_and_positions():
+    """Chapter 18's left-padded batch: attention_mask and position_ids reach the fast step."""
+    model = model_of("gpt2-like")
+    idx = prompt_of(model.config, rows=3, length=14)
+    real = torch.ones(3, 14, dtype=torch.bool)
+    real[1, :3] = real[2, :5] = False                               # left padding
+    batch = {t: {"attention_mask": real[:, :t + 1]} for t in range(7, 14)}
+    batch[12] = {"attention_mask": real[:, :13],
+                 "position_ids": torch.tensor([[12], [9], [7]])}    # given, not counted
+    exact_model = copy.deepcopy(model).double()
+    with torch.no_grad():
+        fast = run(model.make_fast_decode_step(), idx, 3, batch=batch)
+        ordinary = run(model.make_decode_step(), idx, 3, batch=batch)
+        exact = run(exact_model.make_decode_step(), idx, 3, batch=batch)
+    assert_within_float32_rounding(fast, ordinary, exact)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("out, width", [(1003, 96), (96, 96), (12, 20), (5, 12), (8, 4)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_row_product_is_f_linear_to_rounding(rows, out, width, bias):
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(rows, width, generator=g), torch.randn(out, width, generator=g)
+    b = torch.randn(out, generator=g) if bias else None
+    got = _row_product(x, weight, b)
+    exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    assert got.shape == (rows, out) and got.dtype == torch.float32
+    # a dot product of `width` terms, rounded in float32: within width * eps of its magnitude
+    bound = width * EPS * (x.double().abs() @ weight.double().abs().T + (
+        0 if b is None else b.double().abs()))
+    assert bool(((got.double() - exact).abs() <= bound).all())
+    assert FAST_PIECES > 1
+
+
+@pytest.mark.parametrize("dtype, calls", [(torch.float32, 2), (torch.float64, 2),
+                                          (torch.bfloat16, 0)])
+def test_which_products_go_through_blocks(monkeypatch, dtype, calls):
+    """On the CPU in float32 and float64, the matrices of at least FAST_MIN_NUMEL numbers: at
+    d_model 256 the feed-forward's two (4 * 256 * 256 = 2 ** 18), not the attention's or the
+    head (1003 * 256); in bfloat16, none. The book's model (at most 128 * 512) has none."""
+    monkeypatch.setattr(gpt_module, "FAST_MIN_NUMEL", FAST_MIN_NUMEL)
+    batched = []
+    baddbmm = torch.baddbmm
+    monkeypatch.setattr(torch, "baddbmm", lambda *a: batched.append(1) or baddbmm(*a))
+    config = GPTConfig(vocab_size=1003, context_length=16, num_layers=2, num_heads=4,
+                       d_model=256)
+    for model, per_step in ((GPT(config, dtype=dtype).eval(), calls * config.num_layers),
+                            (model_of("book", dtype=dtype), 0)):
+        step, cache = model.make_fast_decode_step(), KVCache(model.config.num_layers)
+        with torch.no_grad():
+            step(torch.tensor([[1, 2, 3]]), cache)                 # the prefill: F.linear
+            assert batched == []
+            step(torch.tensor([[4]]), cache)
+        assert len(batched) == per_step
+        batched.clear()
+
+
+def test_weights_changed_in_place_or_moved_are_seen():
+    """Like the ordinary step, the fast one holds the weight tensors (its blocks are views made
+    at each call): training in place, or ``.double()``, after the step was made is seen."""
+    model = model_of("gpt2-like")
+    step = model.make_fast_decode_step()
+    idx = prompt_of(model.config)
+    with torch.no_grad():
+        model.layers[1].self_attn.v_proj.weight.mul_(-2.0)
+        model.layers[0].feed_forward.linear1.bias.add_(0.5)
+        model.layers[2].feed_forward.linear2.weight.mul_(3.0)
+        model.norm.weight.mul_(3.0)
+        model.token_embedding.weight.add_(0.1)                      # and the tied head
+        exact = run(copy.deepcopy(model).double().make_decode_step(), idx, 3)
+        assert_within_float32_rounding(run(step, idx, 3), run(model.make_decode_step(), idx, 3),
+                                       exact)
+        model.double()                                              # the same Parameters
+        assert (run(step, idx, 3) - exact).abs().max() < 1e-12
+
+
+def test_gradients_flow_as_through_forward():
+    model = model_of("odd").train()                                 # no dropout: p = 0
+    idx = prompt_of(model.config, length=10)
+    grads = []
+    for step in (model.make_fast_decode_step(), model.make_decode_step()):
+        model.zero_grad()
+        run(step, idx, 2).square().sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for fast, ordinary in zip(*grads):
+        torch.testing.assert_close(fast, ordinary, rtol=1e-5, atol=1e-6)
+
+
+def _hooked(model: GPT) -> GPT:
+    model.layers[0].register_forward_hook(lambda module, args, out: out + 1.0)
+    return model
+
+
+def _post_norm(model: GPT) -> GPT:
+    for layer in model.layers:
+        layer.norm_first = False
+    return model
+
+
+class _Doubled(GPT):
+    def forward(self, idx, targets=None, **kwargs):
+        logits, loss = super().forward(idx, targets, **kwargs)
+        return 2 * logits, loss
+
+
+@pytest.mark.parametrize("change", [_hooked, _post_norm, "subclass"])
+def test_a_model_the_step_cannot_follow_gets_forward_itself(change):
+    """The rule of make_decode_step (``_is_as_built``): a hook, a post-norm block, a subclass
+    with its own forward. The fast step is then forward, bit for bit."""
+    if change == "subclass":
+        torch.manual_seed(0)
+        model = _Doubled(CONFIGS["gpt2-like"]).eval()
+    else:
+        model = change(model_of("gpt2-like"))
+    idx = prompt_of(model.config)
+
+    def forward_step(idx, cache):
+        return model(idx, kv_cache=cache)[0]
+
+    with torch.no_grad():
+        assert torch.equal(run(model.make_fast_decode_step(), idx, 3),
+                           run(forward_step, idx, 3))
+        plain = run(GPT.make_fast_decode_step(model_of("gpt2-like")), idx, 3)
+    assert not torch.equal(run(forward_step, idx, 3), plain)        # the change matters
+
+
+@pytest.mark.parametrize("name", ["gpt2-like", "book"])
+def test_bfloat16(name):
+    """In bfloat16 the step keeps F.linear (as fast there): the ordinary step's logits to
+    bfloat16 rounding, and the same greedy tokens."""
+    model = model_of(name, dtype=torch.bfloat16)
+    idx = prompt_of(model.config)
+    with torch.no_grad():
+        fast = run(model.make_fast_decode_step(), idx, model.config.num_layers)
+        ordinary = run(model.make_decode_step(), idx, model.config.num_layers)
+    assert fast.dtype == torch.bfloat16
+    scale = ordinary.abs().max().item()
+    bfloat16_eps = torch.finfo(torch.bfloat16).eps
+    assert (fast.float() - ordinary.float()).abs().max() <= 8 * bfloat16_eps * scale
+    prompt = idx[:, :6]
+    assert torch.equal(generate(model, prompt, 30, temperature=0, fast=True),
+                       generate(model, prompt, 30, temperature=0))
+
+
+def test_generate_uses_the_fast_step_only_when_asked(monkeypatch):
+    model = model_of("gpt2-like")
+    made = []
+    original = model.make_fast_decode_step
+    monkeypatch.setattr(model, "make_fast_decode_step",
+                        lambda: made.append(1) or original(), raising=False)
+    prompt = prompt_of(model.config)[:, :5]
+    default = generate(model, prompt, 10, temperature=0)
+    assert made == []                                               # the default is unchanged
+    assert torch.equal(generate(model, prompt, 10, temperature=0, fast=True), default)
+    assert made == [1]
+    generate(model, prompt, 10, temperature=0, fast=True, use_cache=False)
+    assert made == [1]                                              # no cache, no step
+
+
+def test_generate_fast_with_a_model_without_a_fast_step_runs_as_usual():
+    torch.manual_seed(0)
+    llama = mt.Llama(mt.LlamaConfig(11, 16, 1, 4, 16, num_kv_heads=2)).eval()
+    prompt = torch.tensor([[3, 4, 5]])
+    assert torch.equal(generate(llama, prompt, 6, temperature=0, fast=True),
+                       generate(llama, prompt, 6, temperature=0))
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_generate_fast_must_be_a_bool(value):
+    with pytest.raises(TypeError, match="fast must be"):
+        generate(model_of("odd"), torch.tensor([[1, 2]]), 2, fast=value)

@@ -22,6 +22,18 @@ from minitransformer.llama import GroupedQueryAttention, Llama, LlamaConfig, exp
 from minitransformer.markov import SkipModel, second_order_matrix, transition_matrix, walk_chain
 from minitransformer.masks import causal_mask, padding_mask
 from minitransformer.positional import sinusoidal_positional_encoding
+from minitransformer.preferences import (
+    DPO,
+    dpo_batch,
+    dpo_loss,
+    dpo_train,
+    implicit_rewards,
+    kl_estimate,
+    per_token_log_probs,
+    preference_accuracy,
+    preference_batch,
+    sequence_log_probs,
+)
 from minitransformer.rotary import apply_rotary, rotary_angles, rotate_half
 from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig, exact_match
 from minitransformer.training import evaluate, train
@@ -78,6 +90,17 @@ __all__ = [
     "rms_norm",
     "rotary_angles",
     "rotate_half",
+    # chapter 17
+    "DPO",
+    "dpo_batch",
+    "dpo_loss",
+    "dpo_train",
+    "implicit_rewards",
+    "kl_estimate",
+    "per_token_log_probs",
+    "preference_accuracy",
+    "preference_batch",
+    "sequence_log_probs",
 ]
 
 # The figures need matplotlib, slow to import: loaded on first use, so the command line and

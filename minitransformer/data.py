@@ -620,3 +620,68 @@ def instruction_splits(num_train: int, num_val: int, *, seed: int = 0,
     val = [_exchange(rng, val_pool, task, INSTRUCTION_TASKS[task])
            for task in (tasks[n % len(tasks)] for n in range(num_val))]
     return train, val
+
+
+# --- Chapter 17: preference pairs, a right answer against a near miss ----------------------------
+#
+# Each pair is one of chapter 16's instructions with its right answer (chosen) and a near miss
+# (rejected) that a model half-way there would write: a translation with the verb first, where the
+# source has it; the other answer to "is this a command?"; a repeat with a word left out; a
+# reversal that reverses nothing. The pairs are TRL's conversational preference format.
+
+def _near_miss(rng: random.Random, task: str, answer: str) -> str:
+    words = answer.split()
+    if task == "translate":                     # the verb first, in the source's order
+        return " ".join([words[-1], *words[:-1]])
+    if task == "is_command":
+        return "no" if answer == "yes" else "yes"
+    if task == "reverse" and words[::-1] != words:
+        return " ".join(words[::-1])           # the sentence as it was, not reversed
+    del words[rng.randrange(len(words))]        # a word left out
+    return " ".join(words)
+
+
+def _preference_pair(rng: random.Random, pool: dict[str, list[str]],
+                     task: str) -> dict[str, list[dict[str, str]]]:
+    user, assistant = _exchange(rng, pool, task, INSTRUCTION_TASKS[task])
+    rejected = _near_miss(rng, task, assistant["content"])
+    return {"prompt": [user], "chosen": [assistant],
+            "rejected": [{"role": "assistant", "content": rejected}]}
+
+
+def preference_splits(num_train: int, num_val: int, *, seed: int = 0,
+                      tasks: Sequence[str] | None = None
+                      ) -> tuple[list[dict[str, list]], list[dict[str, list]]]:
+    """Preference pairs for DPO, ``num_train`` to train on and ``num_val`` held out, the same
+    for the same seed: ``{"prompt": [user], "chosen": [assistant], "rejected": [assistant]}``
+    (TRL's conversational format), the chosen answer :func:`instruction_answer`'s, the
+    rejected one a near miss of it (never equal). Training pairs draw their task at random,
+    held-out pairs take the tasks in turn; no sentence of a held-out pair is in a training
+    pair, nor in :func:`instruction_splits`' training conversations of the same seed.
+
+    Raises:
+        TypeError, ValueError: a count or seed that is not a non-negative int, an unknown
+            task.
+    """
+    _checks.check_int("num_train", num_train, low=0)
+    _checks.check_int("num_val", num_val, low=0)
+    _checks.check_int("seed", seed, low=0)
+    tasks = list(INSTRUCTION_TASKS) if tasks is None else tasks
+    if isinstance(tasks, str) or not isinstance(tasks, Sequence):
+        raise TypeError(f"tasks must be a list of task names, got {type(tasks).__name__}")
+    if not tasks:
+        raise ValueError(f"tasks is empty; the tasks are {list(INSTRUCTION_TASKS)}")
+    for task in tasks:
+        if task not in INSTRUCTION_TASKS:
+            raise ValueError(f"unknown task {task!r}; the tasks are {list(INSTRUCTION_TASKS)}")
+    train_pool, val_pool = _instruction_pools(seed)
+    rng = random.Random(seed + 2)
+    train = [_preference_pair(rng, train_pool, rng.choice(tasks)) for _ in range(num_train)]
+    val = [_preference_pair(rng, val_pool, tasks[n % len(tasks)]) for n in range(num_val)]
+    return train, val
+
+
+def preference_pairs(num_pairs: int, *, seed: int = 0,
+                     tasks: Sequence[str] | None = None) -> list[dict[str, list]]:
+    """``num_pairs`` training pairs of :func:`preference_splits`."""
+    return preference_splits(num_pairs, 0, seed=seed, tasks=tasks)[0]

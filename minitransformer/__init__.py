@@ -16,6 +16,7 @@ from minitransformer.device import default_device
 from minitransformer.functional import layer_norm, rms_norm, softmax
 from minitransformer.generation import beam_search, generate, sample_next
 from minitransformer.gpt import GPT, GPTConfig
+from minitransformer.grpo import group_advantages, grpo_loss, grpo_step, grpo_train, sample_group
 from minitransformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm
 from minitransformer.layers import RMSNorm, SwiGLU
 from minitransformer.llama import GroupedQueryAttention, Llama, LlamaConfig, expand_kv_heads
@@ -101,6 +102,11 @@ __all__ = [
     "preference_accuracy",
     "preference_batch",
     "sequence_log_probs",
+    "group_advantages",
+    "grpo_loss",
+    "grpo_step",
+    "grpo_train",
+    "sample_group",
 ]
 
 # The figures need matplotlib, slow to import: loaded on first use, so the command line and

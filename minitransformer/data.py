@@ -685,3 +685,125 @@ def preference_pairs(num_pairs: int, *, seed: int = 0,
                      tasks: Sequence[str] | None = None) -> list[dict[str, list]]:
     """``num_pairs`` training pairs of :func:`preference_splits`."""
     return preference_splits(num_pairs, 0, seed=seed, tasks=tasks)[0]
+
+
+# --- Chapter 17: a task whose answer a program checks, and rewards ------------------------------
+#
+# GRPO learns from rewards that a Python function computes. The rows follow TRL's format for
+# GRPOTrainer: a "prompt" (the user's message, conversational) and extra columns ("answer",
+# "task") that the trainer passes on to every reward function as keyword arguments, repeated for
+# each of a prompt's completions. A reward function takes ``completions`` (the replies, strings
+# or TRL's one-message lists) and returns one float per completion.
+
+def verifiable_splits(num_train: int, num_val: int, *, seed: int = 0,
+                      tasks: Sequence[str] | None = None
+                      ) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """Prompts of chapter 16's tasks with the answer a program checks, ``num_train`` to learn
+    from and ``num_val`` held out, the same for the same seed.
+
+    Each row is ``{"prompt": [{"role": "user", "content": ...}], "answer": str, "task": str}``
+    (:func:`instruction_answer` gives the answer); the tasks take turns. The sentences come from
+    the pools of :func:`instruction_splits` with the same seed: the training prompts from its
+    training pool, the held-out ones from its validation pool, so a model fine-tuned on
+    ``instruction_splits(..., seed=seed)`` has never seen a held-out sentence.
+
+    >>> verifiable_splits(1, 0, tasks=["reverse"])[0]  # doctest: +NORMALIZE_WHITESPACE
+    [{'prompt': [{'role': 'user', 'content': 'reverse the words: copy my new logs please'}],
+      'answer': 'please logs new my copy', 'task': 'reverse'}]
+
+    Raises:
+        TypeError, ValueError: a count that is not a non-negative int, an unknown task.
+    """
+    _checks.check_int("num_train", num_train, low=0)
+    _checks.check_int("num_val", num_val, low=0)
+    _checks.check_int("seed", seed, low=0)
+    tasks = list(INSTRUCTION_TASKS) if tasks is None else tasks
+    if isinstance(tasks, str) or not isinstance(tasks, Sequence):
+        raise TypeError(f"tasks must be a list of task names, got {type(tasks).__name__}")
+    if not tasks:
+        raise ValueError(f"tasks is empty; the tasks are {list(INSTRUCTION_TASKS)}")
+    for task in tasks:
+        if task not in INSTRUCTION_TASKS:
+            raise ValueError(f"unknown task {task!r}; the tasks are {list(INSTRUCTION_TASKS)}")
+    train_pool, val_pool = _instruction_pools(seed)
+    rng = random.Random(seed + 2)
+
+    def rows(count: int, pool: dict[str, list[str]]) -> list[dict[str, object]]:
+        out = []
+        for n in range(count):
+            task = tasks[n % len(tasks)]
+            user, reply = _exchange(rng, pool, task, INSTRUCTION_TASKS[task])
+            out.append({"prompt": [user], "answer": reply["content"], "task": task})
+        return out
+
+    return rows(num_train, train_pool), rows(num_val, val_pool)
+
+
+def _replies(completions: object) -> list[str]:
+    """The reply texts of ``completions``: strings, or TRL's conversational completions (each a
+    list holding one ``{"role": "assistant", "content": str}``)."""
+    if isinstance(completions, (str, bytes)) or not isinstance(completions, Sequence):
+        raise TypeError(f"completions must be a list of replies (strings), got "
+                        f"{type(completions).__name__}")
+    replies = []
+    for i, completion in enumerate(completions):
+        if (isinstance(completion, Sequence) and not isinstance(completion, str)
+                and len(completion) == 1 and isinstance(completion[0], dict)):
+            completion = completion[0].get("content")    # TRL's conversational form
+        _checks.check_type(f"completions[{i}]", completion, str, "a str")
+        replies.append(completion)
+    return replies
+
+
+def _answers(answer: object, count: int) -> list[str]:
+    if isinstance(answer, str) or not isinstance(answer, Sequence):
+        raise TypeError(f"answer must be a list of strings, one per completion, got "
+                        f"{type(answer).__name__}")
+    if len(answer) != count:
+        raise ValueError(f"answer has {len(answer)} entries and completions {count}: give one "
+                         f"answer per completion")
+    for i, text in enumerate(answer):
+        _checks.check_type(f"answer[{i}]", text, str, "a str")
+    return list(answer)
+
+
+def reward_exact(completions: Sequence[str], answer: Sequence[str],
+                 **kwargs: object) -> list[float]:
+    """The verifiable reward: 1.0 where the reply's words are the answer's, else 0.0.
+
+    A reward function as TRL's ``GRPOTrainer`` calls it (other columns arrive in ``kwargs``).
+
+    >>> reward_exact(["photos my open", " photos  my open ", "photos"], ["photos my open"] * 3)
+    [1.0, 1.0, 0.0]
+    """
+    replies = _replies(completions)
+    answers = _answers(answer, len(replies))
+    return [float(reply.split() == right.split()) for reply, right in zip(replies, answers)]
+
+
+def reward_overlap(completions: Sequence[str], answer: Sequence[str],
+                   **kwargs: object) -> list[float]:
+    """A reward that can be gamed: the share of the answer's distinct words that the reply
+    contains somewhere. Meant as partial credit, it costs nothing to write more words, so a
+    reply that lists many words scores as well as the right one.
+
+    >>> reward_overlap(["photos my open", "open", "my photos open open my photos"],
+    ...                ["photos my open"] * 3)
+    [1.0, 0.3333333333333333, 1.0]
+    """
+    replies = _replies(completions)
+    answers = _answers(answer, len(replies))
+    rewards = []
+    for reply, right in zip(replies, answers):
+        wanted = set(right.split())
+        rewards.append(len(wanted & set(reply.split())) / len(wanted) if wanted else 0.0)
+    return rewards
+
+
+def reward_length(completions: Sequence[str], **kwargs: object) -> list[float]:
+    """A reward that pays for length: the number of words in the reply, whatever they say.
+
+    >>> reward_length(["a b c", "", "one"])
+    [3.0, 0.0, 1.0]
+    """
+    return [float(len(reply.split())) for reply in _replies(completions)]

@@ -1,0 +1,537 @@
+"""Learning from a verifiable reward: group relative policy optimisation, GRPO (chapter 17).
+
+For each prompt the model writes ``G`` replies (:func:`sample_group`, one batched, cached
+``generate`` call); a Python function scores them; each reply's *advantage* is its reward
+compared with the other replies to the same prompt (:func:`group_advantages`); and the loss
+(:func:`grpo_loss`) raises the log-probability of the tokens of replies better than their group
+and lowers the others', clipped as in PPO, with an optional KL penalty towards a reference model.
+:func:`grpo_step` does one round of this, :func:`grpo_train` many, on chapter 16's chat format.
+
+The formulas are TRL's ``GRPOTrainer`` (version 1.16): the same advantages (``scale_rewards=
+"group"``, the group's sample standard deviation, ``+ 1e-4``), the same per-token objective and
+k3 KL estimator, and its ``loss_type`` averages (``"grpo"`` is the DeepSeekMath paper's: the mean
+over each reply's tokens, then over the replies; TRL's default is ``"dapo"``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from minitransformer import _checks
+from minitransformer.generation import generate
+
+IGNORE_INDEX = -100  # a target the log-probabilities leave out, as in F.cross_entropy
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+ADVANTAGES = ("group", "group_mean", "batch", "raw")
+
+
+def per_token_log_probs(logits: Tensor, targets: Tensor) -> Tensor:
+    """``log softmax(logits)[target]`` at each position, 0 where the target is -100.
+
+    Args:
+        logits: ``(B, T, V)`` floating scores; targets: ``(B, T)`` integer ids or -100.
+
+    Returns:
+        ``(B, T)`` log-probabilities in the logits' dtype.
+    """
+    _checks.check_float_tensor("logits", logits, ndim=3)
+    _checks.check_token_ids("targets", targets, logits.shape[-1], ignore_index=IGNORE_INDEX)
+    if targets.shape != logits.shape[:2]:
+        raise ValueError(f"targets must have shape (B, T) = {tuple(logits.shape[:2])} of the "
+                         f"logits, got {_checks.shape(targets)}")
+    keep = targets != IGNORE_INDEX
+    log_probs = torch.log_softmax(logits, dim=-1)                               # (B, T, V)
+    picked = log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return picked.masked_fill(~keep, 0.0)
+
+
+def group_advantages(rewards: Tensor, group_size: int, *, normalize: bool = True,
+                     eps: float = 1e-4) -> Tensor:
+    """Each reward compared with its group's: ``(r - mean) / (std + eps)``, or ``r - mean``
+    without ``normalize``.
+
+    ``rewards`` holds ``B * G`` rewards laid out group after group (the ``G`` replies to prompt
+    0, then to prompt 1, ...). The mean and standard deviation are each group's own, never the
+    batch's; the standard deviation is the sample one (divided by ``G - 1``), as TRL's. A group
+    whose rewards are all equal teaches nothing: its advantages are 0.
+
+    Raises:
+        TypeError: ``rewards`` not a floating tensor, options of the wrong type.
+        ValueError: ``rewards`` not one-dimensional, a length that ``group_size`` does not
+            divide, a ``group_size`` below 2, a NaN or infinite reward, ``eps <= 0``.
+    """
+    rewards = _check_rewards(rewards, group_size)
+    _checks.check_type("normalize", normalize, bool, "True or False")
+    _checks.check_number("eps", eps, positive=True)
+    groups = rewards.view(-1, group_size)                                       # (B, G)
+    advantages = groups - groups.mean(dim=1, keepdim=True)
+    if normalize:
+        advantages = advantages / (groups.std(dim=1, keepdim=True) + eps)
+    return advantages.reshape(-1)
+
+
+def _check_rewards(rewards: object, group_size: object) -> Tensor:
+    _checks.check_float_tensor("rewards", rewards, ndim=1)
+    group_size = _checks.check_int("group_size", group_size)
+    if group_size < 2:
+        raise ValueError(f"group_size must be at least 2 (a reply is compared with the others "
+                         f"to its prompt), got {group_size}")
+    if rewards.numel() == 0 or rewards.numel() % group_size:
+        raise ValueError(f"rewards has {rewards.numel()} entries, not a positive multiple of "
+                         f"group_size={group_size}")
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
+        where = int(bad.nonzero()[0])
+        raise ValueError(f"rewards[{where}] is {rewards[where].item()}: every reward must be a "
+                         f"finite number")
+    return rewards
+
+
+def grpo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, *,
+              epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
+              ref_log_probs: Tensor | None = None, loss_type: str = "grpo",
+              kl_correction: bool = False) -> Tensor:
+    """The clipped ratio objective of GRPO, as a loss to minimise.
+
+    Per completion token, with ``ratio = exp(log_probs - old_log_probs)`` and the reply's
+    advantage ``A``::
+
+        loss_t = -min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A)
+                 + beta * (exp(ref - logp) - (ref - logp) - 1)        # k3 estimate of the KL
+
+    then averaged over the tokens where ``mask`` is True as ``loss_type`` says: ``"grpo"`` the
+    mean over each reply's tokens, then over the replies; ``"bnpo"`` and ``"dapo"`` the mean
+    over all the batch's tokens (the same on one process, without gradient accumulation);
+    ``"dr_grpo"`` the sum over ``B * T`` (``T`` the completions' padded length).
+
+    Args:
+        log_probs: ``(B, T)`` the policy's log-probabilities of the completion tokens (with
+            gradient). old_log_probs: ``(B, T)`` those of the policy that sampled them.
+        advantages: ``(B,)`` one per completion. mask: ``(B, T)`` bool, True on completion tokens.
+        epsilon, epsilon_high: the clip range ``[1 - epsilon, 1 + epsilon_high]``;
+            ``epsilon_high`` defaults to ``epsilon``.
+        beta: the KL penalty's weight; ``beta > 0`` needs ``ref_log_probs`` ``(B, T)``.
+        kl_correction: multiply the KL term by ``ratio``, as TRL does by default
+            (``use_bias_correction_kl=True``): the same value on-policy, another gradient.
+
+    Raises:
+        TypeError, ValueError: tensors of the wrong type, shape or dtype, non-finite values
+            where the mask is True, an empty mask, a bad option, ``beta > 0`` without
+            ``ref_log_probs`` or ``ref_log_probs`` with ``beta = 0``.
+    """
+    return _grpo_terms(log_probs, old_log_probs, advantages, mask, epsilon=epsilon,
+                       epsilon_high=epsilon_high, beta=beta, ref_log_probs=ref_log_probs,
+                       loss_type=loss_type, kl_correction=kl_correction)["loss"]
+
+
+def _grpo_terms(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, *,
+                epsilon: float, epsilon_high: float | None, beta: float,
+                ref_log_probs: Tensor | None, loss_type: str,
+                kl_correction: bool = False) -> dict[str, Tensor]:
+    """:func:`grpo_loss` and what a training step reports: the share of clipped tokens and the
+    mean KL estimate."""
+    low, high, beta = _check_loss_options(epsilon, epsilon_high, beta, ref_log_probs, loss_type)
+    _checks.check_type("kl_correction", kl_correction, bool, "True or False")
+    _check_loss_tensors(log_probs, old_log_probs, advantages, mask, ref_log_probs)
+    advantages = advantages.unsqueeze(1)                                        # (B, 1)
+    ratio = torch.exp(log_probs - old_log_probs)                                # (B, T)
+    clipped = torch.clamp(ratio, 1 - low, 1 + high)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    kl = None
+    if beta != 0.0:
+        diff = ref_log_probs - log_probs
+        kl = torch.exp(diff) - diff - 1                                         # k3, >= 0
+        per_token = per_token + beta * (kl * ratio if kl_correction else kl)
+    weights = mask.to(per_token.dtype)
+    if loss_type == "grpo":
+        loss = ((per_token * weights).sum(-1) / weights.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type in ("bnpo", "dapo"):
+        loss = (per_token * weights).sum() / weights.sum()
+    else:                                                                       # dr_grpo
+        loss = (per_token * weights).sum() / (per_token.shape[0] * per_token.shape[1])
+    with torch.no_grad():
+        outside = ((ratio < 1 - low) & (advantages < 0)) | ((ratio > 1 + high) & (advantages > 0))
+        count = weights.sum()
+        terms = {"loss": loss, "clip_fraction": (outside * weights).sum() / count}
+        if kl is not None:
+            terms["kl"] = (kl * weights).sum() / count
+    return terms
+
+
+def _check_loss_options(epsilon: object, epsilon_high: object, beta: object,
+                        ref_log_probs: object, loss_type: object) -> tuple[float, float, float]:
+    low = _checks.check_number("epsilon", epsilon, positive=True)
+    high = low if epsilon_high is None else _checks.check_number("epsilon_high", epsilon_high,
+                                                                 positive=True)
+    if low >= 1:
+        raise ValueError(f"epsilon must be below 1 (the ratio is clipped at 1 - epsilon), got "
+                         f"{epsilon!r}")
+    beta = _checks.check_number("beta", beta, low=0.0)
+    if beta > 0 and ref_log_probs is None:
+        raise ValueError(f"beta={beta!r} weights a KL term to the reference: pass its "
+                         f"ref_log_probs")
+    if beta == 0 and ref_log_probs is not None:
+        raise ValueError("ref_log_probs given with beta=0: the KL term would be left out; "
+                         "pass beta > 0 or leave ref_log_probs out")
+    _checks.check_choice("loss_type", loss_type, LOSS_TYPES)
+    return low, high, beta
+
+
+def _check_loss_tensors(log_probs: object, old_log_probs: object, advantages: object,
+                        mask: object, ref_log_probs: object) -> None:
+    _checks.check_float_tensor("log_probs", log_probs, ndim=2)
+    named = {"old_log_probs": old_log_probs}
+    if ref_log_probs is not None:
+        named["ref_log_probs"] = ref_log_probs
+    for name, value in named.items():
+        _checks.check_float_tensor(name, value, ndim=2)
+        if value.shape != log_probs.shape:
+            raise ValueError(f"{name} must have the shape of log_probs "
+                             f"{_checks.shape(log_probs)}, got {_checks.shape(value)}")
+    _checks.check_float_tensor("advantages", advantages, ndim=1)
+    if advantages.shape[0] != log_probs.shape[0]:
+        raise ValueError(f"advantages must hold one value per completion, "
+                         f"{log_probs.shape[0]}, got {_checks.shape(advantages)}")
+    _checks.check_same_dtype(log_probs=log_probs, advantages=advantages, **named)
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a boolean tensor (True = a completion token), got "
+                        f"{_checks._type_name(mask)}")
+    if mask.shape != log_probs.shape:
+        raise ValueError(f"mask must have the shape of log_probs {_checks.shape(log_probs)}, "
+                         f"got {_checks.shape(mask)}")
+    if not mask.any():
+        raise ValueError("mask is False everywhere: there is no completion token to learn from")
+    if not torch.isfinite(advantages).all():
+        raise ValueError("advantages must be finite numbers, got NaN or inf")
+    for name, value in {"log_probs": log_probs, **named}.items():
+        if not torch.isfinite(value.detach()[mask]).all():
+            raise ValueError(f"{name} must be finite on the completion tokens, got NaN or inf")
+
+
+def sample_group(model: nn.Module, prompt_ids: Sequence[Sequence[int]] | Tensor,
+                 group_size: int, max_new_tokens: int, *, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
+                 generator: torch.Generator | None = None) -> list[list[int]]:
+    """``group_size`` sampled completions of each prompt, in one batched, cached
+    :func:`~minitransformer.generation.generate` call: each prompt is repeated ``G`` times and
+    the model runs once per step for all the rows, not ``G`` times.
+
+    ``generate`` takes rows of one length (no padding), so prompts of different lengths go in
+    one call per length.
+
+    Args:
+        prompt_ids: the prompts' token ids, a list of lists or a ``(B, T)`` tensor.
+        group_size: ``G``, the completions per prompt.
+        max_new_tokens, temperature, top_k, top_p, eos_id, generator: as for ``generate``.
+
+    Returns:
+        ``B * G`` lists of new token ids, group after group (the ``G`` completions of prompt 0,
+        then of prompt 1, ...), each cut after its first ``eos_id`` (which it keeps).
+
+    Raises:
+        TypeError, ValueError: prompts that are not lists of token ids, an empty prompt or
+            none, a ``group_size`` below 1; what ``generate`` refuses.
+    """
+    prompts = _check_prompts(prompt_ids)
+    group_size = _checks.check_int("group_size", group_size)
+    weight = next(iter(model.parameters()), None) if isinstance(model, nn.Module) else None
+    device = None if weight is None else weight.device
+    by_length: dict[int, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt), []).append(i)
+    completions: list[list[int]] = [[] for _ in range(len(prompts) * group_size)]
+    for length, which in by_length.items():
+        idx = torch.tensor([prompts[i] for i in which], dtype=torch.long, device=device)
+        idx = idx.repeat_interleave(group_size, dim=0)                          # (n G, T)
+        new = generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k,
+                       top_p=top_p, eos_id=eos_id, generator=generator)[:, length:].tolist()
+        for row, ids in enumerate(new):
+            prompt, g = which[row // group_size], row % group_size
+            completions[prompt * group_size + g] = _cut(ids, eos_id)
+    return completions
+
+
+def _cut(ids: list[int], eos_id: int | None) -> list[int]:
+    """``ids`` up to and including the first ``eos_id``."""
+    return ids[: ids.index(eos_id) + 1] if eos_id is not None and eos_id in ids else ids
+
+
+def _check_prompts(prompt_ids: object) -> list[list[int]]:
+    if isinstance(prompt_ids, Tensor):
+        _checks.check_int_tensor("prompt_ids", prompt_ids, ndim=2)
+        prompt_ids = prompt_ids.tolist()
+    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+        raise TypeError(f"prompt_ids must be a list of prompts (lists of token ids) or a "
+                        f"(B, T) tensor, got {_checks._type_name(prompt_ids)}")
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: there is no prompt to sample from")
+    prompts = []
+    for i, prompt in enumerate(prompt_ids):
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+            raise TypeError(f"prompt_ids[{i}] must be a list of token ids, got "
+                            f"{_checks._type_name(prompt)}")
+        if not prompt:
+            raise ValueError(f"prompt_ids[{i}] is empty: a prompt needs at least one token")
+        for token in prompt:
+            _checks.check_int(f"a token of prompt_ids[{i}]", token, low=0)
+        prompts.append([int(t) for t in prompt])
+    return prompts
+
+
+def completion_batch(prompt_ids: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                     *, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """A batch for the log-probabilities of the completions: each row is a prompt followed by
+    one of its completions (``len(completions) / len(prompt_ids)`` per prompt, group after
+    group), without its last token; ``targets`` is the next token on completion positions and
+    -100 on the prompt and the padding (padded on the right, which a causal model never sees).
+
+    Returns:
+        ``(idx, targets)``, both ``(B G, T)`` int64.
+    """
+    prompts = _check_prompts(prompt_ids)
+    if not isinstance(completions, Sequence) or len(completions) % len(prompts):
+        raise ValueError(f"completions must hold the same number of completions for each of "
+                         f"the {len(prompts)} prompts, got {_checks._type_name(completions)}")
+    group_size = len(completions) // len(prompts)
+    rows = []
+    for k, completion in enumerate(completions):
+        if not completion:
+            raise ValueError(f"completions[{k}] is empty: there is no token to score")
+        prompt = prompts[k // group_size]
+        ids = [*prompt, *completion]
+        labels = [IGNORE_INDEX] * len(prompt) + list(completion)
+        rows.append((ids[:-1], labels[1:]))
+    length = max(len(ids) for ids, _ in rows)
+    idx = torch.tensor([ids + [0] * (length - len(ids)) for ids, _ in rows], device=device)
+    targets = torch.tensor([t + [IGNORE_INDEX] * (length - len(t)) for _, t in rows],
+                           device=device)
+    return idx, targets
+
+
+def completion_log_probs(model: nn.Module, idx: Tensor, targets: Tensor, *,
+                         temperature: float = 1.0) -> Tensor:
+    """``(B, T)`` log-probabilities of the completion tokens under ``model``'s scores divided
+    by ``temperature`` (those the sampler drew from, as TRL computes them), 0 elsewhere."""
+    logits = model(idx)[0]
+    if temperature != 1.0:
+        logits = logits / temperature
+    return per_token_log_probs(logits, targets)
+
+
+def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+              prompt_ids: Sequence[Sequence[int]],
+              reward: Callable[[list[list[int]]], Sequence[float]], *, group_size: int,
+              max_new_tokens: int, eos_id: int | None = None, ref_model: nn.Module | None = None,
+              beta: float = 0.0, epsilon: float = 0.2, loss_type: str = "grpo",
+              kl_correction: bool = False, num_iterations: int = 1, temperature: float = 1.0, top_k: int | None = None,
+              advantage: str = "group", generator: torch.Generator | None = None
+              ) -> dict[str, float]:
+    """One round of GRPO, on-policy: sample ``G`` completions per prompt, score them, compare
+    each with its group, and take ``num_iterations`` optimizer steps on the clipped loss.
+
+    ``reward(completions)`` gets the ``B * G`` completions' token ids (group after group) and
+    returns one number each. ``advantage`` says how rewards become advantages: ``"group"``
+    (GRPO), ``"group_mean"`` (the group's mean subtracted, not divided by its spread),
+    ``"batch"`` (normalised over the whole batch instead of each group) or ``"raw"`` (the
+    rewards themselves), to show what the group does.
+
+    Returns:
+        ``{"loss", "reward", "reward_std", "length", "clip_fraction"}`` (and ``"kl"`` with a
+        reference model): the first iteration's loss, the mean reward, the mean spread of the
+        rewards within a group, the mean completion length and the share of clipped tokens
+        in the last iteration, as Python floats.
+    """
+    _checks.check_type("model", model, nn.Module, "an nn.Module")
+    _checks.check_type("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
+    _checks.check_choice("advantage", advantage, ADVANTAGES)
+    num_iterations = _checks.check_int("num_iterations", num_iterations)
+    _checks.check_int("group_size", group_size, low=2)
+    if not callable(reward):
+        raise TypeError(f"reward must be a function of the completions, got "
+                        f"{_checks._type_name(reward)}")
+    if beta and ref_model is None:
+        raise ValueError(f"beta={beta!r} needs a ref_model to compare the policy with")
+    completions = sample_group(model, prompt_ids, group_size, max_new_tokens,
+                               temperature=temperature, top_k=top_k, eos_id=eos_id,
+                               generator=generator)
+    rewards = _rewards(reward(completions), len(completions), model)
+    advantages = _advantages(rewards, group_size, advantage)
+    device = rewards.device
+    idx, targets = completion_batch(prompt_ids, completions, device=device)
+    mask = targets != IGNORE_INDEX
+    with torch.no_grad():
+        old = completion_log_probs(model, idx, targets, temperature=temperature)
+        ref = (completion_log_probs(ref_model, idx, targets, temperature=temperature)
+               if beta else None)
+    first = None
+    for _ in range(num_iterations):
+        log_probs = completion_log_probs(model, idx, targets, temperature=temperature)
+        terms = _grpo_terms(log_probs, old, advantages.to(log_probs.dtype), mask,
+                            epsilon=epsilon, epsilon_high=None, beta=beta, ref_log_probs=ref,
+                            loss_type=loss_type, kl_correction=kl_correction)
+        optimizer.zero_grad(set_to_none=True)
+        terms["loss"].backward()
+        optimizer.step()
+        first = terms["loss"].item() if first is None else first
+    stats = {"loss": first, "reward": rewards.mean().item(),
+             "reward_std": rewards.view(-1, group_size).std(dim=1).mean().item(),
+             "length": sum(map(len, completions)) / len(completions),
+             "clip_fraction": terms["clip_fraction"].item()}
+    if "kl" in terms:
+        stats["kl"] = terms["kl"].item()
+    return stats
+
+
+def _rewards(values: object, count: int, model: nn.Module) -> Tensor:
+    device = next(iter(model.parameters())).device
+    if isinstance(values, Tensor):
+        values = values.detach().reshape(-1).tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"reward must return one number per completion, got "
+                        f"{_checks._type_name(values)}")
+    if len(values) != count:
+        raise ValueError(f"reward returned {len(values)} numbers for {count} completions")
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"reward returned {_checks._type_name(value)} ({value!r}) at "
+                            f"index {i}: a reward is a number")
+    return torch.tensor([float(v) for v in values], dtype=torch.float32, device=device)
+
+
+def _advantages(rewards: Tensor, group_size: int, advantage: str) -> Tensor:
+    if advantage in ("group", "group_mean"):
+        return group_advantages(rewards, group_size, normalize=advantage == "group")
+    _check_rewards(rewards, group_size)
+    if advantage == "batch":
+        return (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    return rewards
+
+
+def chat_prompts(tokenizer: object, rows: Sequence[Mapping[str, object]]) -> list[list[int]]:
+    """The token ids of each row's ``"prompt"`` (a list of messages, TRL's conversational
+    form) in chapter 16's chat format, ending with ``<|assistant|>`` for the model to answer."""
+    from minitransformer.chat import apply_chat_template
+
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+        raise TypeError(f"rows must be a list of rows with a 'prompt', got "
+                        f"{_checks._type_name(rows)}")
+    ids = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping) or "prompt" not in row:
+            raise ValueError(f"rows[{i}] must be a dict with a 'prompt' (a list of messages), "
+                             f"got {_checks._type_name(row)}")
+        try:
+            ids.append(apply_chat_template(tokenizer, row["prompt"], add_generation_prompt=True))
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"rows[{i}]['prompt']: {error}") from None
+    return ids
+
+
+def chat_replies(tokenizer: object, completions: Sequence[Sequence[int]]) -> list[str]:
+    """The text of each completion, without the end-of-turn token that closes it."""
+    from minitransformer.chat import END_OF_TURN, check_chat_tokenizer
+
+    end = check_chat_tokenizer(tokenizer)[END_OF_TURN]
+    return [tokenizer.decode([t for t in ids if t != end]) for ids in completions]
+
+
+def chat_rewards(tokenizer: object, rows: Sequence[Mapping[str, object]],
+                 reward_funcs: Callable | Sequence[Callable], group_size: int
+                 ) -> Callable[[list[list[int]]], list[float]]:
+    """A ``reward`` for :func:`grpo_step`: it decodes the completions and calls each reward
+    function as TRL's ``GRPOTrainer`` does, ``f(prompts=..., completions=..., **columns)``
+    with every other column of the rows repeated ``group_size`` times; the sum is the reward."""
+    funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    for f in funcs:
+        if not callable(f):
+            raise TypeError(f"reward_funcs must be functions, got {_checks._type_name(f)}")
+    repeat = [row for row in rows for _ in range(group_size)]
+    columns = {key: [row[key] for row in repeat] for key in rows[0] if key != "prompt"}
+    prompts = [row["prompt"] for row in repeat]
+
+    def reward(completions: list[list[int]]) -> list[float]:
+        texts = chat_replies(tokenizer, completions)
+        totals = [0.0] * len(texts)
+        for f in funcs:
+            values = f(prompts=prompts, completions=texts, **columns)
+            totals = [t + float(v) for t, v in zip(totals, values, strict=True)]
+        return totals
+
+    return reward
+
+
+def mean_reward(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, object]],
+                reward_func: Callable, *, max_new_tokens: int) -> float:
+    """The mean reward of the model's greedy replies to ``rows``' prompts (with
+    :func:`~minitransformer.data.reward_exact`, the held-out accuracy)."""
+    from minitransformer.chat import END_OF_TURN
+
+    ids = chat_prompts(tokenizer, rows)
+    end = tokenizer.special_tokens[END_OF_TURN]
+    completions = sample_group(model, ids, 1, max_new_tokens, temperature=0.0, eos_id=end)
+    values = chat_rewards(tokenizer, rows, reward_func, 1)(completions)
+    return sum(values) / len(values)
+
+
+def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, object]],
+               reward_funcs: Callable | Sequence[Callable], *, steps: int, batch_size: int,
+               group_size: int, lr: float, max_new_tokens: int, seed: int = 0,
+               ref_model: nn.Module | None = None, beta: float = 0.0, epsilon: float = 0.2,
+               loss_type: str = "grpo", kl_correction: bool = False, num_iterations: int = 1,
+               temperature: float = 1.0, advantage: str = "group", eval_rows: Sequence[Mapping[str, object]] | None = None,
+               eval_reward: Callable | None = None, eval_every: int = 10
+               ) -> list[dict[str, float]]:
+    """GRPO on chapter 16's chat format, with TRL-style rows and reward functions: ``steps``
+    rounds of :func:`grpo_step` on ``batch_size`` prompts drawn in turn from ``rows`` (shuffled
+    once with ``seed``), with AdamW at learning rate ``lr``.
+
+    With ``eval_rows``, every ``eval_every`` steps (and before the first and after the last)
+    the history records ``"held_out"``: the :func:`mean_reward` of the greedy replies under
+    ``eval_reward`` (default: the first reward function).
+
+    Returns:
+        one dict per step, :func:`grpo_step`'s with ``"step"`` (and ``"held_out"``), after
+        ``{"step": 0, "held_out": ...}`` with ``eval_rows``.
+    """
+    from minitransformer.chat import END_OF_TURN, check_chat_tokenizer
+
+    _checks.check_int("steps", steps)
+    _checks.check_int("batch_size", batch_size)
+    _checks.check_int("eval_every", eval_every)
+    _checks.check_number("lr", lr, positive=True)
+    if not rows:
+        raise ValueError("rows is empty: there is no prompt to learn from")
+    eos = check_chat_tokenizer(tokenizer)[END_OF_TURN]
+    funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    scorer = eval_reward or funcs[0]
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    device = next(iter(model.parameters())).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
+                                  weight_decay=0.0)
+    history: list[dict[str, float]] = []
+
+    def held_out() -> float:
+        return mean_reward(model, tokenizer, eval_rows, scorer, max_new_tokens=max_new_tokens)
+
+    if eval_rows:
+        history.append({"step": 0, "held_out": held_out()})
+    for step in range(1, steps + 1):
+        first = (step - 1) * batch_size
+        batch = [rows[order[(first + k) % len(rows)]] for k in range(batch_size)]
+        reward = chat_rewards(tokenizer, batch, funcs, group_size)
+        stats = grpo_step(model, optimizer, chat_prompts(tokenizer, batch), reward,
+                          group_size=group_size, max_new_tokens=max_new_tokens, eos_id=eos,
+                          ref_model=ref_model, beta=beta, epsilon=epsilon, loss_type=loss_type,
+                          kl_correction=kl_correction, num_iterations=num_iterations, temperature=temperature,
+                          advantage=advantage, generator=generator)
+        stats["step"] = step
+        if eval_rows and (step % eval_every == 0 or step == steps):
+            stats["held_out"] = held_out()
+        history.append(stats)
+    return history

@@ -486,3 +486,35 @@ def test_catalogue_coverage():
     assert share >= 0.9
     for checker in (L, D, A, C):
         assert sum(entry[1] is checker for entry in CATALOGUE) >= 8
+
+
+# --- the references are the package's functions ------------------------------------------------
+
+def test_the_log_prob_reference_is_the_packages_sequence_log_probs():
+    from minitransformer.preferences import sequence_log_probs
+    for logits, ids, mask in check_sequence_log_probs.cases:
+        targets = torch.cat([ids[:, 1:].masked_fill(~mask[:, 1:], -100),
+                             torch.full_like(ids[:, :1], -100)], dim=1)
+        torch.testing.assert_close(check_sequence_log_probs.reference(logits, ids, mask),
+                                   sequence_log_probs(logits, targets))
+
+
+def test_the_dpo_reference_is_the_packages_dpo_loss():
+    from minitransformer.preferences import dpo_loss
+    for pc, pr, rc, rr, beta in check_dpo_loss.cases:
+        torch.testing.assert_close(check_dpo_loss.reference(pc, pr, rc, rr, beta),
+                                   dpo_loss(pc, pr, rc, rr, beta=beta))
+
+
+def test_the_advantage_reference_is_the_packages_group_advantages():
+    from minitransformer.grpo import group_advantages
+    for rewards, group_size in check_group_advantages.cases:
+        torch.testing.assert_close(check_group_advantages.reference(rewards, group_size),
+                                   group_advantages(rewards, group_size))
+
+
+def test_the_clipped_reference_is_the_packages_grpo_loss_as_dapo():
+    from minitransformer.grpo import grpo_loss
+    for lp, old, adv, mask, eps in check_clipped_loss.cases:
+        torch.testing.assert_close(check_clipped_loss.reference(lp, old, adv, mask, eps),
+                                   grpo_loss(lp, old, adv, mask, epsilon=eps, loss_type="dapo"))

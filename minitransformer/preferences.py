@@ -5,7 +5,7 @@ as TRL's ``DPOTrainer`` reads them: ``{"prompt": ..., "chosen": ..., "rejected":
 plain strings or chapter 16's lists of messages. DPO (Rafailov et al., 2023) trains a policy
 ``π`` against a frozen reference ``π_ref`` (the model it starts from) with::
 
-    loss = -log σ(β · ((log π(y_c|x) - log π_ref(y_c|x)) - (log π(y_r|x) - log π_ref(y_r|x))))
+    loss = -log σ(β · [(log π(y_c|x) - log π_ref(y_c|x)) - (log π(y_r|x) - log π_ref(y_r|x))])
 
 where ``log π(y|x)`` is :func:`sequence_log_probs`: the sum of the response tokens'
 log-probabilities given the prompt, with the prompt and the padding left out. At the first step
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minitransformer import _checks
+from minitransformer.training import TrainingHistory, train
 from minitransformer.chat import END_OF_TURN, PAD, check_chat_tokenizer, encode_chat
 from minitransformer.sft import IGNORE_INDEX
 
@@ -199,18 +200,19 @@ def _encode(tokenizer: object, prompt: object, responses: Sequence[object], *,
     return prompt_ids[:start], [full[start:] for full in fulls]
 
 
+def _check_context(prompt: list[int], response: list[int], context_length: int | None,
+                   name: str) -> None:
+    if context_length is not None and len(prompt) + len(response) - 1 > context_length:
+        raise ValueError(f"{name} is {len(prompt) + len(response)} tokens long with its prompt, "
+                         f"more than the context of {context_length} + 1")
+
+
 def _pad(rows: list[tuple[list[int], list[int]]], tokenizer: object,
-         context_length: int | None, device: torch.device | str | None,
-         names: Sequence[str]) -> tuple[Tensor, Tensor]:
+         device: torch.device | str | None) -> tuple[Tensor, Tensor]:
     """``(prompt ids, response ids)`` rows -> ``(idx, targets)``, shifted once and padded."""
-    if context_length is not None:
-        _checks.check_int("context_length", context_length)
     shifted = []
-    for (prompt, response), name in zip(rows, names):
+    for prompt, response in rows:
         ids = prompt + response
-        if context_length is not None and len(ids) - 1 > context_length:
-            raise ValueError(f"{name} is {len(ids)} tokens long with its prompt, more than the "
-                             f"context of {context_length} + 1")
         targets = [IGNORE_INDEX] * (len(prompt) - 1) + response   # position t predicts t + 1
         shifted.append((ids[:-1], targets))
     length = max(len(idx) for idx, _ in shifted)
@@ -252,22 +254,27 @@ def preference_batch(tokenizer: object, prompts: Sequence[object], responses: Se
     if len(prompts) != len(responses):
         raise ValueError(f"prompts and responses must be equally many, got {len(prompts)} and "
                          f"{len(responses)}")
+    if context_length is not None:
+        _checks.check_int("context_length", context_length)
     rows = []
     for n, (prompt, response) in enumerate(zip(prompts, responses)):
         try:
             prompt_ids, (response_ids,) = _encode(tokenizer, prompt, [response],
-                                                  prompt_name=f"prompts[{n}]",
-                                                  names=[f"responses[{n}]"])
+                                                  prompt_name="the prompt",
+                                                  names=["the response"])
+            _check_context(prompt_ids, response_ids, context_length, "the response")
         except (TypeError, ValueError) as error:
             raise type(error)(f"row {n}: {error}") from None
         rows.append((prompt_ids, response_ids))
-    return _pad(rows, tokenizer, context_length, device, [f"row {n}" for n in range(len(rows))])
+    return _pad(rows, tokenizer, device)
 
 
-def check_pair(pair: object, name: str = "pair") -> Mapping[str, object]:
+def check_pair(pair: object, name: str = "the pair") -> Mapping[str, object]:
     """A preference pair: a dict with ``"prompt"``, ``"chosen"`` and ``"rejected"``, all three
     str or all three lists of messages. Other keys are ignored, as TRL does."""
-    _checks.check_type(name, pair, Mapping, 'a dict {"prompt", "chosen", "rejected"}')
+    if not isinstance(pair, Mapping):
+        raise TypeError(f'{name} must be a dict {{"prompt", "chosen", "rejected"}}, got '
+                        f'{type(pair).__name__}')
     missing = [key for key in PAIR_KEYS if key not in pair]
     if missing:
         raise ValueError(f"{name} has no {', '.join(map(repr, missing))}: a preference pair is "
@@ -280,27 +287,39 @@ def check_pair(pair: object, name: str = "pair") -> Mapping[str, object]:
     return pair
 
 
+def encode_pair(tokenizer: object, pair: Mapping[str, object], *,
+                context_length: int | None = None) -> tuple[list[int], list[int], list[int]]:
+    """A preference pair's prompt ids and its chosen and rejected responses' ids, as
+    :func:`preference_batch` encodes them; the two responses start at the same token.
+    Refuses what :func:`check_pair` refuses, and, with ``context_length``, a prompt and
+    response longer than ``context_length + 1`` tokens."""
+    check_pair(pair)
+    prompt, (chosen, rejected) = _encode(tokenizer, pair["prompt"],
+                                         [pair["chosen"], pair["rejected"]],
+                                         prompt_name="prompt", names=["chosen", "rejected"])
+    if context_length is not None:
+        _checks.check_int("context_length", context_length)
+    _check_context(prompt, chosen, context_length, "chosen")
+    _check_context(prompt, rejected, context_length, "rejected")
+    return prompt, chosen, rejected
+
+
 def dpo_batch(tokenizer: object, pairs: Sequence[Mapping[str, object]], *,
               context_length: int | None = None,
               device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """``(idx, targets)`` of ``2B`` rows for ``B`` preference pairs: the chosen responses
     (rows ``0..B-1``), then the rejected ones, each after its prompt, as
-    :func:`preference_batch` encodes them. A pair's two responses start at the same token."""
+    :func:`preference_batch` encodes them (:func:`encode_pair`)."""
     _check_list("pairs", pairs)
     chosen, rejected = [], []
     for n, pair in enumerate(pairs):
-        check_pair(pair, f"pairs[{n}]")
         try:
-            prompt_ids, (c, r) = _encode(tokenizer, pair["prompt"],
-                                         [pair["chosen"], pair["rejected"]],
-                                         prompt_name="prompt", names=["chosen", "rejected"])
+            prompt_ids, c, r = encode_pair(tokenizer, pair, context_length=context_length)
         except (TypeError, ValueError) as error:
             raise type(error)(f"pairs[{n}]: {error}") from None
         chosen.append((prompt_ids, c))
         rejected.append((prompt_ids, r))
-    names = [f"pairs[{n}].chosen" for n in range(len(pairs))] + [
-        f"pairs[{n}].rejected" for n in range(len(pairs))]
-    return _pad(chosen + rejected, tokenizer, context_length, device, names)
+    return _pad(chosen + rejected, tokenizer, device)
 
 
 def dpo_batches(tokenizer: object, pairs: Sequence[Mapping[str, object]], *, batch_size: int,
@@ -311,9 +330,13 @@ def dpo_batches(tokenizer: object, pairs: Sequence[Mapping[str, object]], *, bat
     _check_list("pairs", pairs)
     _checks.check_int("batch_size", batch_size)
     for n, pair in enumerate(pairs):            # refused here, not at some later step
-        check_pair(pair, f"pairs[{n}]")
+        try:
+            check_pair(pair)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"pairs[{n}]: {error}") from None
     while True:
-        picks = torch.randint(len(pairs), (batch_size,), generator=generator).tolist()
+        picks = torch.randint(len(pairs), (batch_size,), generator=generator,
+                              device=generator.device).tolist()
         yield dpo_batch(tokenizer, [pairs[i] for i in picks], context_length=context_length,
                         device=device)
 
@@ -332,7 +355,7 @@ class DPO(nn.Module):
             a copy of ``policy`` as it is now.
         beta: DPO's β (> 0).
 
-    ``metrics`` holds the last forward's ``reward_accuracy``, ``chosen_reward``,
+    ``metrics`` holds the last forward's ``loss``, ``reward_accuracy``, ``chosen_reward``,
     ``rejected_reward`` (batch means of :func:`implicit_rewards`) and ``margin``.
     """
 
@@ -347,6 +370,10 @@ class DPO(nn.Module):
             raise ValueError("reference is the policy itself: it would move with it; pass a "
                              "copy (or None for one)")
         self.beta = _checks.check_number("beta", beta, positive=True)
+        where = {p.device for p in (*policy.parameters(), *reference.parameters())}
+        if len(where) > 1:
+            raise ValueError(f"policy and reference must be on one device, got "
+                             f"{sorted(map(str, where))}")
         self.policy = policy
         self.reference = reference.requires_grad_(False).eval()
         self.metrics: dict[str, float] = {}
@@ -365,6 +392,8 @@ class DPO(nn.Module):
         return logits, sequence_log_probs(logits, targets), ref
 
     def forward(self, idx: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """``(policy logits, DPO loss)`` for :func:`dpo_batch`'s ``(idx, targets)``: ``2B``
+        rows, the chosen responses then the rejected ones."""
         if idx.ndim != 2 or idx.shape[0] % 2:
             raise ValueError(f"idx must be (2B, T): B chosen rows then B rejected rows "
                              f"(dpo_batch), got {tuple(idx.shape)}")
@@ -376,7 +405,8 @@ class DPO(nn.Module):
         with torch.no_grad():
             chosen = implicit_rewards(policy_chosen, ref_chosen, beta=self.beta)
             rejected = implicit_rewards(policy_rejected, ref_rejected, beta=self.beta)
-            self.metrics = {"reward_accuracy": preference_accuracy(chosen, rejected),
+            self.metrics = {"loss": loss.item(),
+                            "reward_accuracy": preference_accuracy(chosen, rejected),
                             "chosen_reward": chosen.mean().item(),
                             "rejected_reward": rejected.mean().item(),
                             "margin": (chosen - rejected).mean().item()}
@@ -385,20 +415,22 @@ class DPO(nn.Module):
 
 def dpo_train(policy: nn.Module, tokenizer: object, pairs: Sequence[Mapping[str, object]], *,
               reference: nn.Module | None = None, beta: float = 0.1, steps: int = 100,
-              lr: float = 1e-4, batch_size: int = 8, seed: int = 0, progress: bool = True):
+              lr: float = 1e-4, batch_size: int = 8, seed: int = 0,
+              progress: bool = True) -> TrainingHistory:
     """Train ``policy`` with DPO on ``pairs`` for ``steps`` updates of ``batch_size`` pairs
-    drawn with ``seed``, through chapter 9's :func:`~minitransformer.training.train` (AdamW,
-    warm-up then cosine decay, gradient clipping). ``reference`` defaults to a frozen copy of
-    ``policy`` as it is now. Returns the :class:`~minitransformer.training.TrainingHistory`
-    (its ``train_losses`` are each step's DPO loss; the first is ln 2)."""
-    from minitransformer.training import train
-
+    drawn with ``seed``, through chapter 9's :func:`~minitransformer.training.train` (AdamW
+    without weight decay, as TRL: a decay would pull the weights towards zero, not towards
+    the reference; warm-up then cosine decay; gradient clipping). ``reference`` defaults to
+    a frozen copy of ``policy`` as it is now. Returns the
+    :class:`~minitransformer.training.TrainingHistory`, whose ``train_losses`` are each
+    step's DPO loss (the first is ln 2)."""
     _checks.check_int("seed", seed, low=0)
     model = DPO(policy, reference, beta=beta)
     device = next(policy.parameters()).device
     context = getattr(getattr(policy, "config", None), "context_length", None)
     batches = dpo_batches(tokenizer, pairs, batch_size=batch_size, context_length=context,
                           generator=torch.Generator().manual_seed(seed), device=device)
-    history = train(model, batches, steps=steps, lr=lr, progress=progress, eval_every=1)
+    history = train(model, batches, steps=steps, lr=lr, progress=progress, eval_every=1,
+                    weight_decay=0.0)
     policy.eval()
     return history

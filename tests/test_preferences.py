@@ -221,7 +221,24 @@ def test_lora_policy_starts_at_ln2_and_trains_only_the_adapter(tok):
     assert not any("lora_" in k for k in merged.state_dict())
 
 
-# ----- against TRL ----------------------------------------------------------------------------------
+def test_kl_estimate_is_the_exact_kl_summed_over_the_response():
+    torch.manual_seed(0)
+    p_logits, q_logits = torch.randn(2, 2, 5, 7, dtype=torch.float64)
+    targets = torch.randint(7, (2, 5))
+    targets[0, :2] = IGNORE_INDEX
+    targets[1, 4:] = IGNORE_INDEX
+    p, q = p_logits.softmax(-1), q_logits.softmax(-1)
+    expected = torch.zeros(2, dtype=torch.float64)
+    for b in range(2):
+        for t in range(5):
+            if targets[b, t] != -100:
+                expected[b] += sum(p[b, t, v] * math.log(p[b, t, v] / q[b, t, v])
+                                   for v in range(7))
+    torch.testing.assert_close(kl_estimate(p_logits, q_logits, targets), expected)
+    assert (kl_estimate(q_logits, p_logits, targets) - expected).abs().max() > 1e-3  # KL(p||q)
+
+
+# ----- against TRL ----------------------------------------------------------------------
 
 def with_prompt_summed(idx, targets):
     """The mistake of summing over the prompt too: every real position scored."""
@@ -349,9 +366,9 @@ def test_refusals(tok):
         sequence_log_probs(torch.zeros(1, 2, 5), torch.tensor([[-1, 2]]))
     with pytest.raises(ValueError, match="from 0 to 5"):
         sequence_log_probs(torch.zeros(1, 2, 5), torch.tensor([[0, 5]]))
-    bad = [({"prompt": "a", "chosen": "b"}, ValueError, r"pairs\[0\] has no 'rejected'"),
+    bad = [({"prompt": "a", "chosen": "b"}, ValueError, r"pairs\[0\]: the pair has no 'rejected'"),
            ({"prompt": "a", "chosen": "b", "rejected": [{"role": "assistant", "content": "x"}]},
-            TypeError, r"pairs\[0\] mixes plain text and lists of messages"),
+            TypeError, r"pairs\[0\]: the pair mixes plain text and lists of messages"),
            ({"prompt": "", "chosen": "b", "rejected": "c"}, ValueError,
             r"pairs\[0\]: prompt is empty"),
            ({"prompt": "a", "chosen": "b<|end|>", "rejected": "c"}, ValueError,
@@ -366,21 +383,24 @@ def test_refusals(tok):
            ({"prompt": [{"role": "bot", "content": "a"}],
              "chosen": [{"role": "assistant", "content": "b"}],
              "rejected": [{"role": "assistant", "content": "c"}]}, ValueError, "role 'bot'"),
-           (["a", "b", "c"], TypeError, r"pairs\[0\] must be a dict")]
+           (["a", "b", "c"], TypeError, r"pairs\[0\]: the pair must be a dict")]
     for pair, error, match in bad:
         with pytest.raises(error, match=match):
             dpo_batch(tok, [pair])
     with pytest.raises(ValueError, match="pairs is empty"):
         dpo_batch(tok, [])
-    with pytest.raises(ValueError, match=r"pairs\[0\].chosen is \d+ tokens long with its "
+    with pytest.raises(ValueError, match=r"pairs\[0\]: chosen is \d+ tokens long with its "
                                          r"prompt, more than the context of 3"):
         dpo_batch(tok, PLAIN[:1], context_length=3)
     with pytest.raises(ValueError, match="prompts and responses must be equally many"):
         preference_batch(tok, ["a", "b"], [" c"])
-    with pytest.raises(ValueError, match=r"pairs\[1\] has no 'prompt'"):
+    with pytest.raises(ValueError, match=r"pairs\[1\]: the pair has no 'prompt'"):
         next(dpo_batches(tok, [PLAIN[0], {}], batch_size=2,
                          generator=torch.Generator().manual_seed(0)))
     model = make("gpt", tok, 1)
+    with pytest.raises(ValueError, match="policy and reference must be on one device, got "
+                                         r"\['cpu', 'meta'\]"):
+        DPO(model, make("gpt", tok, 1).to("meta"))
     with pytest.raises(ValueError, match="reference is the policy itself"):
         DPO(model, model)
     with pytest.raises(ValueError, match="beta must be positive"):
@@ -389,7 +409,7 @@ def test_refusals(tok):
         DPO(model)(*preference_batch(tok, ["a"], [" b"]))
 
 
-# ----- the course's preference pairs ----------------------------------------------------------------
+# ----- the course's preference pairs ----------------------------------------------------
 
 def parse(prompt):
     """The task and sentence of an instruction, by its wording."""

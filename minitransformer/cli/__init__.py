@@ -3,8 +3,8 @@
 A thin layer: argparse turns flags into the package's own objects and runs the package's own
 code (the one training loop, :class:`~minitransformer.training.TrainingLoop`). This file is the
 whole parser, every command and flag; each command is a module of its own (``prepare.py``,
-``train.py``, ``generate.py``, ``convert.py``, ``finetune.py``, ``chat.py``), and what they
-share (refusals, threads, devices, processes, checkpoints) is in ``common.py``.
+``train.py``, ``generate.py``, ``convert.py``, ``finetune.py``, ``chat.py``, ``dpo.py``), and
+what they share (refusals, threads, devices, processes, checkpoints) is in ``common.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from minitransformer.cli import chat, convert, finetune, generate, prepare, train
+from minitransformer.cli import chat, convert, dpo, finetune, generate, prepare, train
 from minitransformer.cli.common import (
     PROG,
     CommandLineError,
@@ -29,8 +29,8 @@ __all__ = ["CommandLineError", "build_parser", "main"]
 def build_parser() -> Parser:
     """The parser of every command."""
     parser = Parser(prog=PROG, description="Train a small GPT on your own text, sample "
-                    "from it, fine-tune it on conversations and chat with it (the course "
-                    "Transformers from scratch, chapters 15 and 16).")
+                    "from it, fine-tune it on conversations and preferences, and chat with it (the "
+                    "course Transformers from scratch, chapters 15 to 17).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=Parser)
     p = commands.add_parser(
@@ -153,6 +153,39 @@ def build_parser() -> Parser:
         "checkpoint")
     add("--device", help="default: minitransformer.default_device()")
     add("--threads", type=positive, help="CPU threads per process (as for train)")
+    add("--no-progress", action="store_true", help="no progress bar")
+
+    d = commands.add_parser(
+        "dpo", help="preference optimisation (DPO) on chosen/rejected pairs (JSONL)",
+        description="Direct preference optimisation against a frozen copy of --model, on "
+        "TRL's preference format: one {\"prompt\": ..., \"chosen\": ..., \"rejected\": "
+        "...} per line, plain strings or lists of messages. Prints the loss (ln 2 = 0.6931 at "
+        "the first step) and the reward accuracy; --out is a model directory transformers "
+        "loads (with --lora-rank, the adapter merged). Checkpoints and --resume work as for "
+        "finetune.",
+        epilog="Defaults for a new run: " + ", ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in dpo.DEFAULTS.items()) + ".")
+    d.set_defaults(run=dpo.run)
+    add = d.add_argument
+    add("--model", metavar="DIR", help="the starting policy and the reference: a directory "
+        "written by train or finetune (its tokenizer has the chat tokens)")
+    add("--data", metavar="FILE", help="the preference pairs, JSON lines")
+    add("--out", metavar="DIR", required=True, help="the run's directory, a model directory")
+    add("--beta", type=number, help="how strongly the policy is held near the reference (> 0)")
+    add("--steps", type=positive, help="optimizer updates")
+    add("--lr", type=number, help="peak learning rate (cosine schedule)")
+    add("--batch-size", type=positive, help="preference pairs per update")
+    add("--seed", type=int, help="seeds the batches (and LoRA's A)")
+    add("--lora-rank", type=positive, metavar="R", help="train a LoRA adapter of rank R "
+        "(alpha = R, on finetune's default layers) instead of every weight")
+    add("--save-every", type=positive, default=100, help="steps between checkpoints "
+        "(default 100; the last step is always saved)")
+    add("--log-every", type=positive, default=10, help="steps between the losses printed "
+        "(default 10; the first step is always printed)")
+    add("--resume", action="store_true", help="continue the run in --out from its last "
+        "checkpoint")
+    add("--device", help="default: minitransformer.default_device()")
+    add("--threads", type=positive, help="CPU threads (as for train)")
     add("--no-progress", action="store_true", help="no progress bar")
 
     h = commands.add_parser("chat", help="talk with a fine-tuned model",

@@ -233,11 +233,13 @@ def mean_over_ranks(procs: Processes):
 
 def save_checkpoint(out: Path, loop, optimizer: torch.optim.Optimizer,
                     generator: torch.Generator, procs: Processes, *, write_model,
-                    state: dict, keep: tuple[str, ...] = ()) -> None:
+                    state: dict, keep: tuple[str, ...] = (),
+                    tensors: dict[str, torch.Tensor] | None = None) -> None:
     """Write the checkpoint of ``loop.step`` (:func:`minitransformer.checkpoints.save`): the
     model (``write_model(folder)``), the optimizer's moments, every RNG, ``state`` and the
-    loop's own state."""
-    tensors = {**checkpoints.optimizer_tensors(optimizer), **checkpoints.rng_states(generator)}
+    loop's own state; and the command's own ``tensors`` (``dpo``'s LoRA matrices)."""
+    tensors = {**(tensors or {}), **checkpoints.optimizer_tensors(optimizer),
+               **checkpoints.rng_states(generator)}
     checkpoints.save(out, step=loop.step, world_size=procs.world_size, write_model=write_model,
          tensors=tensors, state={**state, "loop": loop.state_dict()}, keep=keep)
 

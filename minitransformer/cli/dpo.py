@@ -1,0 +1,254 @@
+"""``minitransformer dpo``: direct preference optimisation of a model that ``train`` or
+``finetune`` wrote (chapter 17), in full or with LoRA, with the checkpoints and ``--resume`` of
+``finetune``.
+
+The data is TRL's preference format, one ``{"prompt": ..., "chosen": ..., "rejected": ...}``
+per line, as plain strings or as lists of messages (chapter 16's template). The reference is
+``--model`` itself, frozen; the batches are :func:`~minitransformer.preferences.dpo_batch`'s and
+the loss :class:`~minitransformer.preferences.DPO`'s, in
+:class:`~minitransformer.training.TrainingLoop`. The run's directory is always a plain model
+directory that transformers loads: with ``--lora-rank``, the adapter merged into the weights
+(its A and B are kept in the checkpoint's training state, for ``--resume``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+import tqdm
+
+from minitransformer import checkpoints
+from minitransformer.cli.common import (
+    CommandLineError,
+    Processes,
+    check_new_out,
+    check_resumable,
+    check_same_flags,
+    in_processes,
+    read_text,
+    restore_checkpoint,
+    save_checkpoint,
+    set_threads,
+)
+from minitransformer.cli.finetune import LORA_TARGETS, _base_model, _file_sha256
+from minitransformer.lora import (
+    ADAPTER_CONFIG_FILE,
+    add_lora,
+    merge_lora,
+    trainable_parameters,
+)
+from minitransformer.preferences import DPO, check_pair, dpo_batches, encode_pair
+from minitransformer.training import BAR_FORMAT, TrainingLoop, _optimizer
+
+#: What a new run uses for a flag that is not given (beta: TRL's default).
+DEFAULTS = {"steps": 100, "batch_size": 8, "lr": 1e-4, "seed": 0, "beta": 0.1}
+#: Flags that decide the run: on --resume they come from the checkpoint.
+RUN_FLAGS = ("model", "data", *DEFAULTS, "lora_rank")
+#: The LoRA matrices' names in the checkpoint's training state.
+LORA_PREFIX = "lora."
+
+
+def run(args: argparse.Namespace) -> int:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:     # before any process group is made
+        raise CommandLineError("dpo runs in one process: torchrun is not supported")
+    return in_processes(_run, args)
+
+
+def _settings(args: argparse.Namespace, out: Path) -> tuple[dict, dict | None]:
+    """The run's flags and, with --resume, the checkpoint to continue (as ``finetune``)."""
+    given = {k: getattr(args, k) for k in RUN_FLAGS if getattr(args, k) is not None}
+    for key in ("model", "data"):
+        if key in given:
+            given[key] = os.path.abspath(given[key])
+    if not args.resume:
+        for key in ("model", "data"):
+            if key not in given:
+                raise CommandLineError(f"dpo needs --{key}")
+        _check_values(given)
+        check_new_out(out, write=True)
+        settings = {**DEFAULTS, "lora_rank": None, **given}
+        settings["warmup_steps"] = max(1, min(100, settings["steps"] // 10))
+        return settings, None
+    check_resumable(out)
+    trainer_state, folder = checkpoints.latest(out)
+    state, tensors = checkpoints.load_tensors(folder)
+    _check_state(state, folder / checkpoints.JSON_FILE)
+    settings = state["args"]
+    check_same_flags(given, settings)
+    note = ""
+    if given.get("steps", settings["steps"]) > settings["steps"]:
+        note = (f"extending the run from {settings['steps']} to {given['steps']} steps: the "
+                f"cosine schedule is stretched, so the learning rate rises and decays again")
+        settings["steps"] = given["steps"]
+    return settings, {"trainer_state": trainer_state, "folder": folder, "state": state,
+                      "tensors": tensors, "note": note}
+
+
+def _check_values(given: dict) -> None:
+    for key in ("beta", "lr"):
+        if key in given and not 0 < given[key] < math.inf:     # also refuses nan
+            raise CommandLineError(f"--{key} must be positive, got {given[key]}")
+
+
+def _check_state(state: dict, path: Path) -> None:
+    """Refuse a ``training_state.json`` that is not what this command writes."""
+    args, loop = state.get("args"), state.get("loop")
+    whole = {"steps", "batch_size", "seed", "warmup_steps"}
+    ok = (isinstance(args, dict) and isinstance(loop, dict) and state.get("command") == "dpo"
+          and all(isinstance(args.get(k), int) and args[k] >= 1 - (k == "seed") for k in whole)
+          and all(isinstance(args.get(k), str) for k in ("model", "data"))
+          and all(isinstance(args.get(k), (int, float)) and args[k] > 0 for k in ("lr", "beta"))
+          and (args.get("lora_rank") is None or isinstance(args["lora_rank"], int))
+          and isinstance(loop.get("step"), int) and isinstance(state.get("data_sha256"), str)
+          and isinstance(state.get("model_sha256"), str))
+    if not ok:
+        raise CommandLineError(f"{path} is not what dpo writes (edited or damaged?)")
+
+
+def _read_pairs(path: str) -> tuple[list[tuple[int, dict]], str]:
+    """Each line's number and preference pair, and the file's SHA-256. Blank lines are
+    skipped."""
+    text, digest = read_text(path)
+    pairs = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CommandLineError(f"--data {path}:{n} is not JSON ({exc.msg}, column "
+                                   f"{exc.colno})") from None
+        try:
+            check_pair(record, f"--data {path}:{n}")
+        except (TypeError, ValueError) as exc:
+            raise CommandLineError(str(exc)) from None
+        pairs.append((n, record))
+    if not pairs:
+        raise CommandLineError(f"--data {path} is empty: it needs one {{\"prompt\": ..., "
+                               f"\"chosen\": ..., \"rejected\": ...}} per line")
+    return pairs, digest
+
+
+def _check_pairs(tokenizer, pairs: list[tuple[int, dict]], context_length: int,
+                 path: str) -> int:
+    """Refuse, by file and line, a pair that the template or the model's context cannot hold;
+    the number of response tokens."""
+    count = 0
+    for n, pair in pairs:
+        try:
+            _, chosen, rejected = encode_pair(tokenizer, pair, context_length=context_length)
+        except (TypeError, ValueError) as exc:
+            raise CommandLineError(f"--data {path}:{n}: {exc}") from None
+        count += len(chosen) + len(rejected)
+    return count
+
+
+def _lora_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {LORA_PREFIX + k: v for k, v in model.state_dict().items() if ".lora_" in k}
+
+
+def _load_lora(model: torch.nn.Module, tensors: dict, folder: Path) -> None:
+    """The checkpoint's A and B into the LoRA layers just added, exactly."""
+    mine = _lora_state(model)
+    saved = {k: v for k, v in tensors.items() if k.startswith(LORA_PREFIX)}
+    if saved.keys() != mine.keys() or any(saved[k].shape != v.shape for k, v in mine.items()):
+        raise CommandLineError(f"{folder / checkpoints.TENSORS_FILE} does not hold this run's "
+                               f"LoRA matrices (edited or damaged?)")
+    model.load_state_dict({k[len(LORA_PREFIX):]: v for k, v in saved.items()}, strict=False)
+
+
+def _run(args: argparse.Namespace, procs: Processes) -> int:
+    out = Path(args.out)
+    s, resumed = _settings(args, out)
+    lora = s["lora_rank"] is not None
+    pairs, digest = _read_pairs(s["data"])
+    if resumed and digest != resumed["state"]["data_sha256"]:
+        raise CommandLineError(f"--data {s['data']} changed since the run began (its SHA-256 "
+                               f"differs): a resumed run must read the same pairs")
+    count, how = set_threads(args.threads, resumed and resumed["state"].get("threads"), procs)
+
+    folder = Path(s["model"])
+    if (folder.is_dir() and not (folder / "config.json").is_file()
+            and not (folder / ADAPTER_CONFIG_FILE).is_file()):
+        raise CommandLineError(f"--model {s['model']} is not a model directory (it has no "
+                               f"config.json): give one that train or finetune wrote")
+    torch.manual_seed(s["seed"])
+    reference, tokenizer = _base_model(s, procs.device)      # --model: refused by name
+    model_file = Path(s["model"]) / "model.safetensors"
+    model_sha256 = _file_sha256(model_file) if model_file.is_file() else ""
+    if resumed and model_sha256 != resumed["state"]["model_sha256"]:
+        raise CommandLineError(f"--model {s['model']} changed since the run began (its "
+                               f"model.safetensors differs): it is the run's reference")
+    if resumed and not lora:
+        policy = type(reference).from_pretrained(resumed["folder"], device=procs.device)
+    else:
+        policy = copy.deepcopy(reference)
+    if lora:
+        add_lora(policy, r=s["lora_rank"], alpha=float(s["lora_rank"]),
+                 targets=LORA_TARGETS[type(policy).__name__])
+        if resumed:
+            _load_lora(policy, resumed["tensors"], resumed["folder"])
+    context = policy.config.context_length
+    tokens = _check_pairs(tokenizer, pairs, context, s["data"])
+    dpo = DPO(policy, reference, beta=s["beta"])
+    generator = torch.Generator().manual_seed(s["seed"])
+    optimizer = _optimizer(dpo, s["lr"], 0.0)       # no weight decay, as TRL
+    loop = TrainingLoop(dpo, optimizer, steps=s["steps"], lr=s["lr"],
+                        warmup_steps=s["warmup_steps"], eval_every=args.log_every)
+    if resumed:
+        restore_checkpoint(out, resumed, loop, optimizer, generator, procs)
+        print(f"resuming from step {loop.step}, {how}")
+        if resumed["note"]:
+            print(resumed["note"])
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        trainable, total = trainable_parameters(policy)
+        what = (f"LoRA of rank {s['lora_rank']} on "
+                f"{', '.join(LORA_TARGETS[type(policy).__name__])}" if lora else "every weight")
+        print(f"DPO of a {type(policy).__name__} against its frozen copy (beta {s['beta']}): "
+              f"{trainable:,} of {total:,} parameters train ({what}), on {len(pairs):,} "
+              f"preference pairs ({tokens:,} response tokens), {how}")
+
+    def write_model(folder: Path) -> None:
+        (merge_lora(copy.deepcopy(policy)) if lora else policy).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    totals = {"loss": 0.0, "reward_accuracy": 0.0, "steps": 0}
+
+    def after_step(loop: TrainingLoop) -> None:
+        for key in ("loss", "reward_accuracy"):
+            totals[key] += dpo.metrics[key]
+        totals["steps"] += 1
+        if loop.step == 1 or loop.step % args.log_every == 0 or loop.step == s["steps"]:
+            k = totals["steps"]
+            tqdm.tqdm.write(f"step {loop.step}: loss {totals['loss'] / k:.4f}, reward "
+                            f"accuracy {totals['reward_accuracy'] / k:.2f}"
+                            + (f" (mean of {k} steps)" if k > 1 else ""), file=sys.stdout)
+            totals.update(loss=0.0, reward_accuracy=0.0, steps=0)
+        if loop.step % args.save_every == 0 or loop.step == s["steps"]:
+            save_checkpoint(out, loop, optimizer, generator, procs, write_model=write_model,
+                            state={"command": "dpo", "args": s, "data_sha256": digest,
+                                   "model_sha256": model_sha256, "threads": count},
+                            tensors=_lora_state(policy) if lora else None)
+
+    if loop.step < s["steps"]:
+        batches = dpo_batches(tokenizer, [pair for _, pair in pairs],
+                              batch_size=s["batch_size"], generator=generator,
+                              context_length=context, device=procs.device)
+        bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="dpo", mininterval=0.5,
+                        bar_format=BAR_FORMAT, disable=args.no_progress)
+        with contextlib.closing(bar):
+            loop.run(batches, bar=bar, after_step=after_step)
+        print(f"saved {out} at step {loop.step}: a model directory transformers loads"
+              + (" (the LoRA adapter merged into it)" if lora else ""))
+    else:
+        print(f"the run in {out} is complete: {loop.step} of {s['steps']} steps")
+    return 0

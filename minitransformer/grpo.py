@@ -111,6 +111,7 @@ def grpo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask
     Args:
         log_probs: ``(B, T)`` the policy's log-probabilities of the completion tokens (with
             gradient). old_log_probs: ``(B, T)`` those of the policy that sampled them.
+            Only ``log_probs`` is differentiated: the others are constants (detached).
         advantages: ``(B,)`` one per completion. mask: ``(B, T)`` bool, True on completion tokens.
         epsilon, epsilon_high: the clip range ``[1 - epsilon, 1 + epsilon_high]``;
             ``epsilon_high`` defaults to ``epsilon``.
@@ -123,6 +124,9 @@ def grpo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask
             where the mask is True, an empty mask, a bad option, ``beta > 0`` without
             ``ref_log_probs`` or ``ref_log_probs`` with ``beta = 0``.
     """
+    if beta == 0 and ref_log_probs is not None:
+        raise ValueError("ref_log_probs given with beta=0: the KL term would be left out; "
+                         "pass beta > 0 or leave ref_log_probs out")
     return _grpo_terms(log_probs, old_log_probs, advantages, mask, epsilon=epsilon,
                        epsilon_high=epsilon_high, beta=beta, ref_log_probs=ref_log_probs,
                        loss_type=loss_type, kl_correction=kl_correction)["loss"]
@@ -132,19 +136,21 @@ def _grpo_terms(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, ma
                 epsilon: float, epsilon_high: float | None, beta: float,
                 ref_log_probs: Tensor | None, loss_type: str,
                 kl_correction: bool = False) -> dict[str, Tensor]:
-    """:func:`grpo_loss` and what a training step reports: the share of clipped tokens and the
-    mean KL estimate."""
+    """:func:`grpo_loss` and what a training step reports: the share of clipped tokens and,
+    with ``ref_log_probs``, the mean KL estimate (measured, and in the loss only if
+    ``beta > 0``)."""
     low, high, beta = _check_loss_options(epsilon, epsilon_high, beta, ref_log_probs, loss_type)
     _checks.check_type("kl_correction", kl_correction, bool, "True or False")
     _check_loss_tensors(log_probs, old_log_probs, advantages, mask, ref_log_probs)
-    advantages = advantages.unsqueeze(1)                                        # (B, 1)
-    ratio = torch.exp(log_probs - old_log_probs)                                # (B, T)
+    advantages = advantages.detach().unsqueeze(1)                               # (B, 1)
+    ratio = torch.exp(log_probs - old_log_probs.detach())                       # (B, T)
     clipped = torch.clamp(ratio, 1 - low, 1 + high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
     kl = None
-    if beta != 0.0:
-        diff = ref_log_probs - log_probs
+    if ref_log_probs is not None:
+        diff = ref_log_probs.detach() - log_probs
         kl = torch.exp(diff) - diff - 1                                         # k3, >= 0
+    if beta != 0.0:
         per_token = per_token + beta * (kl * ratio if kl_correction else kl)
     weights = mask.to(per_token.dtype)
     if loss_type == "grpo":
@@ -174,9 +180,6 @@ def _check_loss_options(epsilon: object, epsilon_high: object, beta: object,
     if beta > 0 and ref_log_probs is None:
         raise ValueError(f"beta={beta!r} weights a KL term to the reference: pass its "
                          f"ref_log_probs")
-    if beta == 0 and ref_log_probs is not None:
-        raise ValueError("ref_log_probs given with beta=0: the KL term would be left out; "
-                         "pass beta > 0 or leave ref_log_probs out")
     _checks.check_choice("loss_type", loss_type, LOSS_TYPES)
     return low, high, beta
 
@@ -327,9 +330,9 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
               reward: Callable[[list[list[int]]], Sequence[float]], *, group_size: int,
               max_new_tokens: int, eos_id: int | None = None, ref_model: nn.Module | None = None,
               beta: float = 0.0, epsilon: float = 0.2, loss_type: str = "grpo",
-              kl_correction: bool = False, num_iterations: int = 1, temperature: float = 1.0, top_k: int | None = None,
-              advantage: str = "group", generator: torch.Generator | None = None
-              ) -> dict[str, float]:
+              kl_correction: bool = False, num_iterations: int = 1, temperature: float = 1.0,
+              top_k: int | None = None, advantage: str = "group",
+              generator: torch.Generator | None = None) -> dict[str, float]:
     """One round of GRPO, on-policy: sample ``G`` completions per prompt, score them, compare
     each with its group, and take ``num_iterations`` optimizer steps on the clipped loss.
 
@@ -338,6 +341,9 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     (GRPO), ``"group_mean"`` (the group's mean subtracted, not divided by its spread),
     ``"batch"`` (normalised over the whole batch instead of each group) or ``"raw"`` (the
     rewards themselves), to show what the group does.
+
+    With ``ref_model``, the KL estimate to it is measured (``"kl"``), and with ``beta > 0``
+    it is in the loss too.
 
     Returns:
         ``{"loss", "reward", "reward_std", "length", "clip_fraction"}`` (and ``"kl"`` with a
@@ -350,6 +356,7 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     _checks.check_choice("advantage", advantage, ADVANTAGES)
     num_iterations = _checks.check_int("num_iterations", num_iterations)
     _checks.check_int("group_size", group_size, low=2)
+    _checks.check_int("max_new_tokens", max_new_tokens)
     if not callable(reward):
         raise TypeError(f"reward must be a function of the completions, got "
                         f"{_checks._type_name(reward)}")
@@ -364,12 +371,12 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     idx, targets = completion_batch(prompt_ids, completions, device=device)
     mask = targets != IGNORE_INDEX
     with torch.no_grad():
-        old = completion_log_probs(model, idx, targets, temperature=temperature)
-        ref = (completion_log_probs(ref_model, idx, targets, temperature=temperature)
-               if beta else None)
-    first = None
+        ref = (None if ref_model is None else
+               completion_log_probs(ref_model, idx, targets, temperature=temperature))
+    first, old = None, None
     for _ in range(num_iterations):
         log_probs = completion_log_probs(model, idx, targets, temperature=temperature)
+        old = log_probs.detach() if old is None else old    # the policy that sampled them
         terms = _grpo_terms(log_probs, old, advantages.to(log_probs.dtype), mask,
                             epsilon=epsilon, epsilon_high=None, beta=beta, ref_log_probs=ref,
                             loss_type=loss_type, kl_correction=kl_correction)
@@ -419,6 +426,8 @@ def chat_prompts(tokenizer: object, rows: Sequence[Mapping[str, object]]) -> lis
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
         raise TypeError(f"rows must be a list of rows with a 'prompt', got "
                         f"{_checks._type_name(rows)}")
+    if not rows:
+        raise ValueError("rows is empty: there is no prompt")
     ids = []
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping) or "prompt" not in row:
@@ -445,10 +454,8 @@ def chat_rewards(tokenizer: object, rows: Sequence[Mapping[str, object]],
     """A ``reward`` for :func:`grpo_step`: it decodes the completions and calls each reward
     function as TRL's ``GRPOTrainer`` does, ``f(prompts=..., completions=..., **columns)``
     with every other column of the rows repeated ``group_size`` times; the sum is the reward."""
-    funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
-    for f in funcs:
-        if not callable(f):
-            raise TypeError(f"reward_funcs must be functions, got {_checks._type_name(f)}")
+    funcs = _check_reward_funcs(reward_funcs)
+    chat_prompts(tokenizer, rows)                                   # the rows are checked
     repeat = [row for row in rows for _ in range(group_size)]
     columns = {key: [row[key] for row in repeat] for key in rows[0] if key != "prompt"}
     prompts = [row["prompt"] for row in repeat]
@@ -458,22 +465,47 @@ def chat_rewards(tokenizer: object, rows: Sequence[Mapping[str, object]],
         totals = [0.0] * len(texts)
         for f in funcs:
             values = f(prompts=prompts, completions=texts, **columns)
-            totals = [t + float(v) for t, v in zip(totals, values, strict=True)]
+            name = getattr(f, "__name__", type(f).__name__)
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) \
+                    or len(values) != len(texts):
+                raise ValueError(f"reward function {name} must return one number for each of "
+                                 f"the {len(texts)} completions, got {_checks._type_name(values)}"
+                                 f"{f' of {len(values)}' if isinstance(values, Sequence) else ''}")
+            for i, value in enumerate(values):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise TypeError(f"reward function {name} returned "
+                                    f"{_checks._type_name(value)} ({value!r}) at index {i}: "
+                                    f"a reward is a number")
+            totals = [t + float(v) for t, v in zip(totals, values)]
         return totals
 
     return reward
 
 
-def mean_reward(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, object]],
-                reward_func: Callable, *, max_new_tokens: int) -> float:
-    """The mean reward of the model's greedy replies to ``rows``' prompts (with
-    :func:`~minitransformer.data.reward_exact`, the held-out accuracy)."""
-    from minitransformer.chat import END_OF_TURN
+def _check_reward_funcs(reward_funcs: object) -> list[Callable]:
+    funcs = [reward_funcs] if callable(reward_funcs) else reward_funcs
+    if isinstance(funcs, (str, bytes)) or not isinstance(funcs, Sequence) or not funcs:
+        raise TypeError(f"reward_funcs must be a reward function or a list of them, got "
+                        f"{_checks._type_name(reward_funcs)}")
+    for f in funcs:
+        if not callable(f):
+            raise TypeError(f"reward_funcs must be functions, got {_checks._type_name(f)}")
+    return list(funcs)
 
+
+def mean_reward(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, object]],
+                reward_func: Callable, *, max_new_tokens: int, temperature: float = 0.0,
+                samples: int = 1, generator: torch.Generator | None = None) -> float:
+    """The mean reward of the model's replies to ``rows``' prompts: greedy by default (with
+    :func:`~minitransformer.data.reward_exact`, the held-out accuracy), or ``samples`` replies
+    each drawn at ``temperature`` (the accuracy of a sampled reply)."""
+    from minitransformer.chat import END_OF_TURN, check_chat_tokenizer
+
+    end = check_chat_tokenizer(tokenizer)[END_OF_TURN]
     ids = chat_prompts(tokenizer, rows)
-    end = tokenizer.special_tokens[END_OF_TURN]
-    completions = sample_group(model, ids, 1, max_new_tokens, temperature=0.0, eos_id=end)
-    values = chat_rewards(tokenizer, rows, reward_func, 1)(completions)
+    completions = sample_group(model, ids, samples, max_new_tokens, temperature=temperature,
+                               eos_id=end, generator=generator)
+    values = chat_rewards(tokenizer, rows, reward_func, samples)(completions)
     return sum(values) / len(values)
 
 
@@ -482,7 +514,8 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
                group_size: int, lr: float, max_new_tokens: int, seed: int = 0,
                ref_model: nn.Module | None = None, beta: float = 0.0, epsilon: float = 0.2,
                loss_type: str = "grpo", kl_correction: bool = False, num_iterations: int = 1,
-               temperature: float = 1.0, advantage: str = "group", eval_rows: Sequence[Mapping[str, object]] | None = None,
+               temperature: float = 1.0, advantage: str = "group",
+               eval_rows: Sequence[Mapping[str, object]] | None = None,
                eval_reward: Callable | None = None, eval_every: int = 10
                ) -> list[dict[str, float]]:
     """GRPO on chapter 16's chat format, with TRL-style rows and reward functions: ``steps``
@@ -506,7 +539,7 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
     if not rows:
         raise ValueError("rows is empty: there is no prompt to learn from")
     eos = check_chat_tokenizer(tokenizer)[END_OF_TURN]
-    funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    funcs = _check_reward_funcs(reward_funcs)
     scorer = eval_reward or funcs[0]
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
@@ -528,8 +561,8 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
         stats = grpo_step(model, optimizer, chat_prompts(tokenizer, batch), reward,
                           group_size=group_size, max_new_tokens=max_new_tokens, eos_id=eos,
                           ref_model=ref_model, beta=beta, epsilon=epsilon, loss_type=loss_type,
-                          kl_correction=kl_correction, num_iterations=num_iterations, temperature=temperature,
-                          advantage=advantage, generator=generator)
+                          kl_correction=kl_correction, num_iterations=num_iterations,
+                          temperature=temperature, advantage=advantage, generator=generator)
         stats["step"] = step
         if eval_rows and (step % eval_every == 0 or step == steps):
             stats["held_out"] = held_out()

@@ -20,10 +20,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never the
 import pytest
 import torch
 
-from minitransformer import GPT, GPTConfig, data, generate
+from minitransformer import GPT, GPTConfig, Llama, LlamaConfig, data, generate
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
 from minitransformer.chat import CHAT_TOKENS, END_OF_TURN, write_chat_template
 from minitransformer.grpo import (
+    chat_prompts,
+    chat_replies,
     completion_batch,
     group_advantages,
     grpo_loss,
@@ -180,6 +182,17 @@ def test_clip_acts_only_outside_the_range_in_the_advantages_direction():
         assert torch.allclose(grad[~cut], -sign * ratios[~cut] / len(ratios))
 
 
+def test_only_the_policy_log_probs_are_differentiated():
+    """The old and reference log-probabilities and the advantages are constants, even when
+    they come with a gradient (computed by the same model): detached inside."""
+    log_probs, old, ref, advantages, mask = loss_batch()
+    inputs = [t.clone().requires_grad_(True) for t in (log_probs, old, ref, advantages)]
+    grpo_loss(inputs[0], inputs[1], inputs[3], mask, beta=0.1, ref_log_probs=inputs[2],
+              kl_correction=True).backward()
+    assert inputs[0].grad is not None and inputs[0].grad.abs().max() > 0
+    assert all(t.grad is None for t in inputs[1:])
+
+
 def test_the_kl_term_is_k3_and_zero_at_the_reference():
     log_probs, old, ref, advantages, mask = loss_batch()
     zero = torch.zeros_like(advantages)
@@ -276,8 +289,15 @@ def count_forwards(model):
     return calls
 
 
-def test_sampling_a_group_is_one_forward_per_step():
-    model = tiny_gpt()
+def tiny_llama(vocab_size=16, context_length=32):
+    torch.manual_seed(0)
+    return Llama(LlamaConfig(vocab_size=vocab_size, context_length=context_length,
+                             num_layers=2, num_heads=2, num_kv_heads=1, d_model=16))
+
+
+@pytest.mark.parametrize("make", [tiny_gpt, tiny_llama])
+def test_sampling_a_group_is_one_forward_per_step(make):
+    model = make()
     calls = count_forwards(model)
     prompts = [[1, 2, 3], [4, 5, 6]]
     completions = sample_group(model, prompts, 8, 5, generator=torch.Generator().manual_seed(0))
@@ -287,6 +307,26 @@ def test_sampling_a_group_is_one_forward_per_step():
     calls.clear()
     sample_group(model, [[1, 2], [3, 4, 5], [6, 7]], 4, 3)
     assert calls == [8] * 3 + [4] * 3
+
+
+@pytest.mark.parametrize("make", [tiny_gpt, tiny_llama])
+def test_sampling_a_group_is_one_decode_step_per_token(make):
+    """The same count on the fast path that an unhooked model takes: the prefill and each
+    decode step are one call of the step function for all the rows."""
+    model = make()
+    calls, make_step = [], model.make_decode_step
+
+    def counting_step():
+        step = make_step()
+
+        def counted(idx, cache):
+            calls.append(tuple(idx.shape))
+            return step(idx, cache)
+        return counted
+
+    model.make_decode_step = counting_step
+    sample_group(model, [[1, 2, 3], [4, 5, 6]], 8, 5)
+    assert calls == [(16, 3)] + [(16, 1)] * 4
 
 
 def test_group_samples_are_those_of_generate():
@@ -355,6 +395,12 @@ def test_a_grpo_step_with_a_reference_reports_the_kl():
                       group_size=4, max_new_tokens=3, ref_model=ref, beta=0.1,
                       generator=torch.Generator().manual_seed(0))
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6)   # the same weights: no divergence
+    # measured without being in the loss (beta=0), after the policy has moved
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    moved = [grpo_step(model, optimizer, [[1, 2]], lambda c: [float(sum(c)) for c in c],
+                       group_size=4, max_new_tokens=3, ref_model=ref,
+                       generator=torch.Generator().manual_seed(0)) for _ in range(3)]
+    assert moved[0]["kl"] == pytest.approx(0.0, abs=1e-6) and moved[-1]["kl"] > 1e-3
 
 
 def test_grpo_step_refusals():
@@ -373,6 +419,9 @@ def test_grpo_step_refusals():
         grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0, 1.0], beta=0.1, **ok)
     with pytest.raises(ValueError, match="advantage must be one of"):
         grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0, 1.0], advantage="none", **ok)
+    with pytest.raises(ValueError, match="max_new_tokens must be at least 1, got 0"):
+        grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0, 1.0], group_size=2,
+                  max_new_tokens=0)
     with pytest.raises(ValueError, match="group_size must be at least 2, got 1"):
         grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0], group_size=1, max_new_tokens=2)
 
@@ -436,11 +485,31 @@ def test_grpo_train_runs_on_chat_rows(chat_setup):
                          batch_size=2, group_size=3, lr=1e-3, max_new_tokens=6, eval_rows=val,
                          eval_reward=data.reward_exact, eval_every=2)
     assert [h["step"] for h in history] == [0, 1, 2, 3]
+    again = grpo_train(tiny_gpt(len(tok), context_length=64), tok, train,
+                       [data.reward_overlap, data.reward_length], steps=3, batch_size=2,
+                       group_size=3, lr=1e-3, max_new_tokens=6, eval_rows=val,
+                       eval_reward=data.reward_exact, eval_every=2)
+    assert again == history                          # seeded: the same run twice
     assert "held_out" in history[0] and "held_out" in history[2] and "held_out" in history[3]
     assert abs(history[1]["loss"]) < 1e-6
     assert 0 <= history[-1]["held_out"] <= 1
-    answers = [{**row, "answer": row["answer"]} for row in val]
-    assert mean_reward(model, tok, answers, data.reward_length, max_new_tokens=6) <= 6
+    # mean_reward: the greedy replies, cut at <|end|>, scored
+    end = tok.special_tokens[END_OF_TURN]
+    words = []
+    for row in val:
+        prompt = torch.tensor([tok.apply_chat_template(row["prompt"],
+                                                       add_generation_prompt=True)])
+        new = generate(model, prompt, 6, temperature=0.0, eos_id=end)[0, prompt.shape[1]:]
+        words.append(len(tok.decode([t for t in new.tolist() if t != end]).split()))
+    assert mean_reward(model, tok, val, data.reward_length, max_new_tokens=6) == \
+        pytest.approx(sum(words) / len(words))
+    # or the mean over sampled replies, group after group
+    drawn = sample_group(model, chat_prompts(tok, val), 3, 6, eos_id=end,
+                         generator=torch.Generator().manual_seed(4))
+    lengths = data.reward_length(chat_replies(tok, drawn))
+    assert mean_reward(model, tok, val, data.reward_length, max_new_tokens=6, temperature=1.0,
+                       samples=3, generator=torch.Generator().manual_seed(4)) == \
+        pytest.approx(sum(lengths) / len(lengths))
 
 
 # --- against TRL ----------------------------------------------------------------------------
@@ -523,3 +592,31 @@ def test_loss_equals_trl_grpo_trainer(trl_setup, loss_type, beta, correction):
     for our, their in [(ours.token_embedding, body.wte), (ours.position_embedding, body.wpe),
                        (ours.norm, body.ln_f), (ours.layers[0].norm1, body.h[0].ln_1)]:
         torch.testing.assert_close(our.weight.grad, their.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_chat_reward_refusals(chat_setup):
+    from minitransformer.grpo import chat_rewards
+
+    tok, train, _ = chat_setup
+    with pytest.raises(ValueError, match="reward function <lambda> must return one number for "
+                                         "each of the 4 completions, got list of 3"):
+        chat_rewards(tok, train[:2], lambda completions, **kw: [0.0] * 3, 2)([[5]] * 4)
+    with pytest.raises(TypeError, match=r"reward function <lambda> returned NoneType \(None\) "
+                                        r"at index 0"):
+        chat_rewards(tok, train[:1], lambda completions, **kw: [None, 1], 2)([[5]] * 2)
+    with pytest.raises(TypeError, match="reward_funcs must be a reward function or a list"):
+        chat_rewards(tok, train[:1], [], 2)
+    with pytest.raises(ValueError, match="rows is empty"):
+        chat_rewards(tok, [], data.reward_exact, 2)
+    with pytest.raises(ValueError, match=r"rows\[0\] must be a dict with a 'prompt'"):
+        chat_rewards(tok, [{"answer": "x"}], data.reward_exact, 2)
+    # TRL's signature: the other columns arrive as keyword arguments, repeated per completion
+    seen = {}
+
+    def spy(prompts, completions, answer, task, **kwargs):
+        seen.update(prompts=prompts, answer=answer, task=task)
+        return [1.0] * len(completions)
+
+    assert chat_rewards(tok, train[:2], [spy, spy], 3)([[5]] * 6) == [2.0] * 6
+    assert seen["answer"] == [train[0]["answer"]] * 3 + [train[1]["answer"]] * 3
+    assert seen["prompts"][3] == train[1]["prompt"]

@@ -342,8 +342,8 @@ class GPT(nn.Module):
         weight once for one multiply-add, so its speed is the memory's. On the course's CPU
         (2 threads), ``F.linear`` of one row (a BLAS ``gemv``, which ran on one thread) read
         GPT-2 small's float32 weights at well under half the memory bandwidth. This step cuts
-        each weight matrix of at least :data:`FAST_MIN_NUMEL` numbers into
-        :data:`FAST_PIECES` blocks of rows, views of the weight itself (no copy), and
+        each weight matrix of at least ``FAST_MIN_NUMEL`` numbers into
+        ``FAST_PIECES`` blocks of rows, views of the weight itself (no copy), and
         multiplies the vector by all of them in one batched call (``torch.baddbmm``), which
         the threads share: the whole step ran 1.5-1.7x as fast as the ordinary one, at about
         40-50% of the best bandwidth measured against the ordinary step's 28% (at 1 thread,
@@ -582,7 +582,7 @@ def _pieces_pay(x: Tensor) -> bool:
 
 
 def _row_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)`` for a few rows ``x`` ``(B, in)``, as :data:`FAST_PIECES`
+    """``F.linear(x, weight, bias)`` for a few rows ``x`` ``(B, in)``, as ``FAST_PIECES``
     products of blocks of ``weight``'s rows (views, no copy), batched in one call; the rows
     beyond a whole number of blocks go through ``F.linear``, and so does a weight of fewer
     than :data:`FAST_MIN_NUMEL` numbers. ``(B, out)``, the same numbers up to the order of

@@ -504,7 +504,7 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
     once with ``seed``), with AdamW at learning rate ``lr``.
 
     With ``eval_rows``, every ``eval_every`` steps (and before the first and after the last)
-    the history records ``"held_out"``: the :func:`mean_reward` of the greedy replies under
+    the history records ``"held_out"``: the ``mean_reward`` of the greedy replies under
     ``eval_reward`` (default: the first reward function).
 
     Returns:

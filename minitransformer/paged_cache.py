@@ -95,8 +95,8 @@ class BlockPool:
 
     @property
     def block_nbytes(self) -> int:
-        """The bytes one block holds: keys and values of ``block_size`` positions in every
-        layer."""
+        """How many bytes one block holds (the keys and values of ``block_size`` positions in
+        every layer)."""
         return self.nbytes // (self.num_blocks + 1)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -158,8 +158,8 @@ class PagedView(KVCache):
     row ``b``'s are the last ``cached[b]``, after ``P - cached[b]`` padding ones that read the
     null block. :meth:`update` writes the new keys and values into the rows' blocks (which must
     have room: allocate first) and returns ``(B, heads, P + new, head_dim)`` gathered from the
-    blocks. The model then takes :attr:`attention_mask` ``(B, P + new)`` (False on the padding)
-    and :attr:`position_ids` ``(B, new)``.
+    blocks. The model then takes ``attention_mask`` ``(B, P + new)`` (False on the padding)
+    and ``position_ids`` ``(B, new)``.
     """
 
     def __init__(self, pool: BlockPool, block_tables: Sequence[Sequence[int]],

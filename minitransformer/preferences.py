@@ -304,7 +304,7 @@ def dpo_batch(tokenizer: object, pairs: Sequence[Mapping[str, object]], *,
               device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """``(idx, targets)`` of ``2B`` rows for ``B`` preference pairs: the chosen responses
     (rows ``0..B-1``), then the rejected ones, each after its prompt, as
-    :func:`preference_batch` encodes them (:func:`encode_pair`)."""
+    :func:`preference_batch` encodes them (``encode_pair``)."""
     _check_list("pairs", pairs)
     chosen, rejected = [], []
     for n, pair in enumerate(pairs):

@@ -338,6 +338,10 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     num_iterations = _checks.check_int("num_iterations", num_iterations)
     _checks.check_int("group_size", group_size, low=2)
     _checks.check_int("max_new_tokens", max_new_tokens)
+    if _checks.check_number("temperature", temperature) <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature!r}: GRPO learns from "
+                         f"sampled replies and scores them at that temperature (0 would be "
+                         f"greedy: every reply of a group the same, nothing to compare)")
     if not callable(reward):
         raise TypeError(f"reward must be a function of the completions, got "
                         f"{_checks._type_name(reward)}")

@@ -311,13 +311,16 @@ REFUSALS = {
                      "{path}:1: prompt is empty"),
     "too long": ([{**CONVERSATIONAL, "rejected": [{"role": "assistant", "content": "cat " * 40}]}],
                  "{path}:1: rejected is"),
+    "nested too deeply": ([CONVERSATIONAL, "[" * 100000],
+                          "{path}:2 is not JSON this program reads: it is nested too deeply"),
 }
 
 
 @pytest.mark.parametrize("name", [*REFUSALS, "not utf-8", "no such file", "no such model",
                                   "not a model", "an adapter", "no chat format", "beta 0",
                                   "beta -1", "beta nan", "beta inf", "lr 0", "no model",
-                                  "out is a file", "out not empty"])
+                                  "out is a file", "out not empty", "seed -1",
+                                  "seed 100000000000000000000000"])
 def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_path):
     model, path, out = gpt_base, tmp_path / "data.jsonl", tmp_path / "out"
     write(path, [CONVERSATIONAL])
@@ -345,6 +348,8 @@ def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_
         words = f"--model {model} is a LoRA adapter, not a model"
     elif name == "no chat format":
         model, words = plain_model, f"--model {plain_model} has no chat format"
+    elif name.startswith("seed"):
+        extra, words = ["--seed", name.split()[1]], "--seed: must be a whole number from 0 to"
     elif name.startswith(("beta", "lr")):
         flag, value = name.split()
         extra, words = [f"--{flag}", value], f"--{flag} must be positive, got"
@@ -365,3 +370,16 @@ def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_
     assert words in stderr, stderr
     assert stdout == ""
     assert (sorted(p.name for p in out.iterdir()) if out.is_dir() else None) == before
+
+
+def test_a_line_separator_inside_a_json_string_is_text(tmp_path):
+    # JSON Lines end at "\n" only: json.dumps(..., ensure_ascii=False) writes U+2028 and U+0085
+    # as they are, and str.splitlines() would cut the line there (review of chapter 17)
+    from minitransformer.cli.common import read_json_lines
+
+    path = tmp_path / "pairs.jsonl"
+    record = {"prompt": "a\u2028b\x85c\x1ed", "chosen": "x", "rejected": "y"}
+    path.write_text(json.dumps(record, ensure_ascii=False) + "\n\n" + json.dumps(record) + "\n",
+                    encoding="utf-8")
+    records, _ = read_json_lines(str(path))
+    assert records == [(1, record), (3, record)]

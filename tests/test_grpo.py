@@ -388,6 +388,16 @@ def test_a_grpo_step_starts_at_zero_and_training_raises_the_reward():
     assert all(h["clip_fraction"] >= 0 for h in history)
 
 
+@pytest.mark.parametrize("temperature", [0.0, -1.0])
+def test_a_grpo_step_refuses_a_temperature_that_is_not_positive(temperature):
+    # review of chapter 17: temperature 0 divided the logits by 0 and ended in a NaN message
+    model = tiny_gpt()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with pytest.raises(ValueError, match=f"temperature must be positive, got {temperature}"):
+        grpo_step(model, optimizer, [[1, 2]], lambda c: [1.0] * len(c), group_size=2,
+                  max_new_tokens=2, temperature=temperature)
+
+
 def test_a_grpo_step_with_a_reference_reports_the_kl():
     model, ref = tiny_gpt(), tiny_gpt()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)

@@ -22,6 +22,7 @@ from minitransformer.cli.common import (
     nonnegative,
     number,
     positive,
+    seed,
 )
 
 __all__ = ["CommandLineError", "build_parser", "main"]
@@ -55,7 +56,7 @@ def build_parser() -> Parser:
     add("--val-fraction", type=number, default=0.1, help="the end of the text held out for "
         "the validation loss (default 0.1)")
     add("--workers", type=positive, help="encoding processes (default: the cores)")
-    add("--seed", type=int, default=0, help="seeds the tokenizer's sample (default 0)")
+    add("--seed", type=seed, default=0, help="seeds the tokenizer's sample (default 0)")
     add("--no-progress", action="store_true", help="no progress bar")
 
     t = commands.add_parser(
@@ -93,7 +94,7 @@ def build_parser() -> Parser:
         "--steps, 1 to 100)")
     add("--dropout", type=number, help="dropout probability (processes agree exactly only "
         "with 0)")
-    add("--seed", type=int, help="seeds the weights and the batches")
+    add("--seed", type=seed, help="seeds the weights and the batches")
     add("--grad-accum", type=positive, help="micro-batches per update (same update as one "
         "batch that many times larger)")
     add("--save-every", type=positive, default=100, help="steps between checkpoints "
@@ -118,7 +119,7 @@ def build_parser() -> Parser:
         help="(default: 40, or as many as the model's context leaves after the prompt)")
     add("--temperature", type=number, default=1.0, help="0 is greedy (default 1.0)")
     add("--top-k", type=positive, help="sample among the k likeliest tokens only")
-    add("--seed", type=int, default=0, help="makes sampling repeatable (default 0)")
+    add("--seed", type=seed, default=0, help="makes sampling repeatable (default 0)")
     add("--device", help="default: minitransformer.default_device()")
 
     f = commands.add_parser(
@@ -139,7 +140,7 @@ def build_parser() -> Parser:
     add("--steps", type=positive, help="optimizer updates")
     add("--lr", type=number, help="peak learning rate (cosine schedule)")
     add("--batch-size", type=positive, help="conversations per update, over all processes")
-    add("--seed", type=int, help="seeds the batches (and LoRA's A)")
+    add("--seed", type=seed, help="seeds the batches (and LoRA's A)")
     add("--lora-rank", type=positive, metavar="R", help="train a LoRA adapter of rank R "
         "instead of every weight")
     add("--lora-alpha", type=number, metavar="A", help="LoRA's scale is A / R (default A = R)")
@@ -177,7 +178,7 @@ def build_parser() -> Parser:
     add("--steps", type=positive, help="optimizer updates")
     add("--lr", type=number, help="peak learning rate (cosine schedule)")
     add("--batch-size", type=positive, help="preference pairs per update")
-    add("--seed", type=int, help="seeds the batches (and LoRA's A)")
+    add("--seed", type=seed, help="seeds the batches (and LoRA's A)")
     add("--lora-rank", type=positive, metavar="R", help="train a LoRA adapter of rank R "
         "(alpha = R, on finetune's default layers) instead of every weight")
     add("--save-every", type=positive, default=100, help="steps between checkpoints "
@@ -200,7 +201,7 @@ def build_parser() -> Parser:
         "(finetune's --out, its merged/, or a LoRA adapter it wrote)")
     add("--max-new-tokens", type=positive, default=100, help="the longest reply (default 100)")
     add("--temperature", type=number, default=0.0, help="0 is greedy (default 0)")
-    add("--seed", type=int, default=0, help="makes sampling repeatable (default 0)")
+    add("--seed", type=seed, default=0, help="makes sampling repeatable (default 0)")
     add("--system", metavar="TEXT", help="a system message that begins the conversation")
     add("--device", help="default: minitransformer.default_device()")
 

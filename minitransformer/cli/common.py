@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -333,3 +334,33 @@ def load_chat_model(s: dict, device: torch.device) -> tuple[torch.nn.Module, BPE
                                f"{max(specials.values())}, beyond the model's vocabulary of "
                                f"{model.config.vocab_size}")
     return model, tokenizer
+
+
+def read_json_lines(path: str) -> tuple[list[tuple[int, object]], str]:
+    """Each non-blank line's number and JSON value, and the file's SHA-256 (JSON Lines: one
+    value per ``\\n``-ended line; a line separator such as U+2028 inside a string is text, as
+    ``json.dumps(..., ensure_ascii=False)`` writes it). A line that is not JSON, or nested too
+    deeply to read, is refused with its number."""
+    text, digest = read_text(path)
+    records = []
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((n, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise CommandLineError(f"--data {path}:{n} is not JSON ({exc.msg}, column "
+                                   f"{exc.colno})") from None
+        except RecursionError:
+            raise CommandLineError(f"--data {path}:{n} is not JSON this program reads: it is "
+                                   f"nested too deeply") from None
+    return records, digest
+
+
+def seed(text: str) -> int:
+    """A ``--seed``: a whole number that ``torch.manual_seed`` takes, 0 to 2**63 - 1."""
+    value = int(text) if text.isdigit() else None
+    if value is None or value >= 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 2**63 - 1, got "
+                                         f"{text!r}")
+    return value

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import math
 import os
 import sys
@@ -35,7 +34,7 @@ from minitransformer.cli.common import (
     file_sha256,
     in_processes,
     load_chat_model,
-    read_text,
+    read_json_lines,
     restore_checkpoint,
     save_checkpoint,
     set_threads,
@@ -118,16 +117,9 @@ def _check_state(state: dict, path: Path) -> None:
 def _read_pairs(path: str) -> tuple[list[tuple[int, dict]], str]:
     """Each line's number and preference pair, and the file's SHA-256. Blank lines are
     skipped."""
-    text, digest = read_text(path)
+    records, digest = read_json_lines(path)
     pairs = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CommandLineError(f"--data {path}:{n} is not JSON ({exc.msg}, column "
-                                   f"{exc.colno})") from None
+    for n, record in records:
         try:
             check_pair(record, f"--data {path}:{n}")
         except (TypeError, ValueError) as exc:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import os
 import shutil
 import sys
@@ -39,7 +38,7 @@ from minitransformer.cli.common import (
     in_processes,
     load_chat_model,
     mean_over_ranks,
-    read_text,
+    read_json_lines,
     model_class,
     restore_checkpoint,
     save_checkpoint,
@@ -123,16 +122,9 @@ def _check_state(state: dict, path: Path) -> None:
 
 def _read_conversations(path: str) -> tuple[list[tuple[int, list]], str]:
     """Each line's number and messages, and the file's SHA-256. Blank lines are skipped."""
-    text, digest = read_text(path)
+    records, digest = read_json_lines(path)
     conversations = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CommandLineError(f"--data {path}:{n} is not JSON ({exc.msg}, column "
-                                   f"{exc.colno})") from None
+    for n, record in records:
         if not isinstance(record, dict) or "messages" not in record:
             raise CommandLineError(f"--data {path}:{n} has no \"messages\": each line must be "
                                    f"{{\"messages\": [{{\"role\": ..., \"content\": ...}}, "

@@ -321,7 +321,7 @@ def load_chat_model(s: dict, device: torch.device) -> tuple[torch.nn.Module, BPE
         raise CommandLineError(f"--model {s['model']}: no such directory")
     if (folder / ADAPTER_CONFIG_FILE).is_file() and not (folder / "config.json").is_file():
         raise CommandLineError(f"--model {s['model']} is a LoRA adapter, not a model: "
-                               f"fine-tune its merged model ({folder / 'merged'}, written by "
+                               f"start from its merged model ({folder / 'merged'}, written by "
                                f"--merge) or its base model")
     if not (folder / "config.json").is_file():
         raise CommandLineError(f"--model {s['model']} is not a model directory: it has no "

@@ -571,6 +571,19 @@ def _exchange(rng: random.Random, pool: dict[str, list[str]], task: str,
             {"role": "assistant", "content": instruction_answer(task, sentence)}]
 
 
+def _check_tasks(tasks: object) -> list[str]:
+    """``tasks`` as a list of :data:`INSTRUCTION_TASKS` names (all of them for ``None``)."""
+    tasks = list(INSTRUCTION_TASKS) if tasks is None else tasks
+    if isinstance(tasks, str) or not isinstance(tasks, Sequence):
+        raise TypeError(f"tasks must be a list of task names, got {type(tasks).__name__}")
+    if not tasks:
+        raise ValueError(f"tasks is empty; the tasks are {list(INSTRUCTION_TASKS)}")
+    for task in tasks:
+        if task not in INSTRUCTION_TASKS:
+            raise ValueError(f"unknown task {task!r}; the tasks are {list(INSTRUCTION_TASKS)}")
+    return list(tasks)
+
+
 def instruction_splits(num_train: int, num_val: int, *, seed: int = 0,
                        tasks: Sequence[str] | None = None, max_exchanges: int = 2,
                        system_rate: float = 0.25
@@ -599,14 +612,7 @@ def instruction_splits(num_train: int, num_val: int, *, seed: int = 0,
     _checks.check_number("system_rate", system_rate, low=0.0)
     if system_rate > 1:
         raise ValueError(f"system_rate must be at most 1, got {system_rate}")
-    tasks = list(INSTRUCTION_TASKS) if tasks is None else tasks
-    if isinstance(tasks, str) or not isinstance(tasks, Sequence):
-        raise TypeError(f"tasks must be a list of task names, got {type(tasks).__name__}")
-    if not tasks:
-        raise ValueError(f"tasks is empty; the tasks are {list(INSTRUCTION_TASKS)}")
-    for task in tasks:
-        if task not in INSTRUCTION_TASKS:
-            raise ValueError(f"unknown task {task!r}; the tasks are {list(INSTRUCTION_TASKS)}")
+    tasks = _check_tasks(tasks)
     train_pool, val_pool = _instruction_pools(seed)
     rng = random.Random(seed + 1)
     train = []
@@ -666,14 +672,7 @@ def preference_splits(num_train: int, num_val: int, *, seed: int = 0,
     _checks.check_int("num_train", num_train, low=0)
     _checks.check_int("num_val", num_val, low=0)
     _checks.check_int("seed", seed, low=0)
-    tasks = list(INSTRUCTION_TASKS) if tasks is None else tasks
-    if isinstance(tasks, str) or not isinstance(tasks, Sequence):
-        raise TypeError(f"tasks must be a list of task names, got {type(tasks).__name__}")
-    if not tasks:
-        raise ValueError(f"tasks is empty; the tasks are {list(INSTRUCTION_TASKS)}")
-    for task in tasks:
-        if task not in INSTRUCTION_TASKS:
-            raise ValueError(f"unknown task {task!r}; the tasks are {list(INSTRUCTION_TASKS)}")
+    tasks = _check_tasks(tasks)
     train_pool, val_pool = _instruction_pools(seed)
     rng = random.Random(seed + 2)
     train = [_preference_pair(rng, train_pool, rng.choice(tasks)) for _ in range(num_train)]
@@ -717,14 +716,7 @@ def verifiable_splits(num_train: int, num_val: int, *, seed: int = 0,
     _checks.check_int("num_train", num_train, low=0)
     _checks.check_int("num_val", num_val, low=0)
     _checks.check_int("seed", seed, low=0)
-    tasks = list(INSTRUCTION_TASKS) if tasks is None else tasks
-    if isinstance(tasks, str) or not isinstance(tasks, Sequence):
-        raise TypeError(f"tasks must be a list of task names, got {type(tasks).__name__}")
-    if not tasks:
-        raise ValueError(f"tasks is empty; the tasks are {list(INSTRUCTION_TASKS)}")
-    for task in tasks:
-        if task not in INSTRUCTION_TASKS:
-            raise ValueError(f"unknown task {task!r}; the tasks are {list(INSTRUCTION_TASKS)}")
+    tasks = _check_tasks(tasks)
     train_pool, val_pool = _instruction_pools(seed)
     rng = random.Random(seed + 2)
 

@@ -364,3 +364,22 @@ def seed(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 2**63 - 1, got "
                                          f"{text!r}")
     return value
+
+
+def resumed_run(out: Path, given: dict, check_state) -> tuple[dict, dict]:
+    """``--resume`` of ``finetune`` and ``dpo``: the run's settings from its latest checkpoint
+    (checked by the command's ``check_state(state, path)``, with the flags given now the same,
+    or ``--steps`` larger: the run is extended) and what to restore."""
+    check_resumable(out)
+    trainer_state, folder = checkpoints.latest(out)
+    state, tensors = checkpoints.load_tensors(folder)
+    check_state(state, folder / checkpoints.JSON_FILE)
+    settings = state["args"]
+    check_same_flags(given, settings)
+    note = ""
+    if given.get("steps", settings["steps"]) > settings["steps"]:
+        note = (f"extending the run from {settings['steps']} to {given['steps']} steps: the "
+                f"cosine schedule is stretched, so the learning rate rises and decays again")
+        settings["steps"] = given["steps"]
+    return settings, {"trainer_state": trainer_state, "folder": folder, "state": state,
+                      "tensors": tensors, "note": note}

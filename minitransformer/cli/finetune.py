@@ -24,15 +24,12 @@ import torch
 import tqdm
 from torch import nn
 
-from minitransformer import checkpoints
 from minitransformer.bpe import BPETokenizer
 from minitransformer.chat import encode_chat
 from minitransformer.cli.common import (
     CommandLineError,
     Processes,
     check_new_out,
-    check_resumable,
-    check_same_flags,
     distributed,
     file_sha256,
     in_processes,
@@ -41,6 +38,7 @@ from minitransformer.cli.common import (
     read_json_lines,
     model_class,
     restore_checkpoint,
+    resumed_run,
     save_checkpoint,
     set_threads,
 )
@@ -88,19 +86,7 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
             settings["lora_alpha"] = float(settings["lora_rank"])    # PEFT's r = alpha = 8
         settings["warmup_steps"] = max(1, min(100, settings["steps"] // 10))
         return settings, None
-    check_resumable(out)
-    trainer_state, folder = checkpoints.latest(out)
-    state, tensors = checkpoints.load_tensors(folder)
-    _check_state(state, folder / checkpoints.JSON_FILE)
-    settings = state["args"]
-    check_same_flags(given, settings)
-    note = ""
-    if given.get("steps", settings["steps"]) > settings["steps"]:
-        note = (f"extending the run from {settings['steps']} to {given['steps']} steps: the "
-                f"cosine schedule is stretched, so the learning rate rises and decays again")
-        settings["steps"] = given["steps"]
-    return settings, {"trainer_state": trainer_state, "folder": folder, "state": state,
-                      "tensors": tensors, "note": note}
+    return resumed_run(out, given, _check_state)
 
 
 def _check_state(state: dict, path: Path) -> None:

@@ -72,6 +72,7 @@ class BlockPool:
         self.values = torch.zeros(shape, **factory)
         self._free = list(range(num_blocks - 1, -1, -1))   # a stack: block 0 is handed out first
         self._allocated: set[int] = set()
+        self._gathered: Tensor | None = None    # the buffer of gathered() (keys, values)
 
     @property
     def null_block(self) -> int:
@@ -138,6 +139,21 @@ class BlockPool:
         self._allocated.difference_update(blocks)
         self._free.extend(reversed(blocks))
 
+    def gathered(self, slots: int) -> tuple[Tensor, Tensor]:
+        """Two tensors ``(slots, num_kv_heads, head_dim)`` into which :meth:`PagedView.update`
+        gathers a layer's keys and values: views of one buffer that the pool keeps and grows,
+        so that every layer of every step writes into the same memory. Gathering into a fresh
+        tensor of a few megabytes took two to five times as long as into memory used before,
+        on the course's CPU: the system hands new memory out page by page, zeroed on first
+        touch. What one call returns is overwritten by the next."""
+        _checks.check_int("slots", slots, low=0)
+        per = self.num_kv_heads * self.head_dim
+        if self._gathered is None or self._gathered.shape[1] < slots * per:
+            self._gathered = self.keys.new_empty(2, slots * per)
+        keys, values = self._gathered[:, :slots * per].unbind(0)
+        return (keys.view(slots, self.num_kv_heads, self.head_dim),
+                values.view(slots, self.num_kv_heads, self.head_dim))
+
     def view(self, block_tables: Sequence[Sequence[int]], cached: Sequence[int],
              new: int) -> PagedView:
         """A :class:`PagedView` of this pool for one forward pass of a batch: row ``b`` holds
@@ -158,8 +174,9 @@ class PagedView(KVCache):
     row ``b``'s are the last ``cached[b]``, after ``P - cached[b]`` padding ones that read the
     null block. :meth:`update` writes the new keys and values into the rows' blocks (which must
     have room: allocate first) and returns ``(B, heads, P + new, head_dim)`` gathered from the
-    blocks. The model then takes ``attention_mask`` ``(B, P + new)`` (False on the padding)
-    and ``position_ids`` ``(B, new)``.
+    blocks into the pool's buffer (:meth:`BlockPool.gathered`), valid until the next update:
+    all a layer's attention needs. The model then takes ``attention_mask`` ``(B, P + new)``
+    (False on the padding) and ``position_ids`` ``(B, new)``.
     """
 
     def __init__(self, pool: BlockPool, block_tables: Sequence[Sequence[int]],
@@ -214,8 +231,16 @@ class PagedView(KVCache):
         flat_keys.index_copy_(0, self._write, key.transpose(1, 2).reshape(-1, heads, width))
         flat_values.index_copy_(0, self._write,
                                 value.transpose(1, 2).reshape(-1, heads, width))
-        keys = flat_keys.index_select(0, self._read).view(batch, self._width, heads, width)
-        values = flat_values.index_select(0, self._read).view(batch, self._width, heads, width)
+        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad
+                                        or flat_keys.requires_grad):
+            keys = flat_keys.index_select(0, self._read)      # autograd takes no out=
+            values = flat_values.index_select(0, self._read)
+        else:
+            keys, values = pool.gathered(self._read.numel())
+            torch.index_select(flat_keys, 0, self._read, out=keys)
+            torch.index_select(flat_values, 0, self._read, out=values)
+        keys = keys.view(batch, self._width, heads, width)
+        values = values.view(batch, self._width, heads, width)
         return keys.transpose(1, 2), values.transpose(1, 2)              # (B, h, P + new, d)
 
     def reset(self) -> None:

@@ -208,8 +208,15 @@ def models():
                               num_kv_heads=2, d_model=32)).eval()]
 
 
+@pytest.mark.parametrize("inference", [False, True], ids=["autograd", "inference"])
 @pytest.mark.parametrize("model", models(), ids=["gpt", "llama"])
-def test_a_paged_batch_gives_each_row_its_own_cache_logits(model):
+def test_a_paged_batch_gives_each_row_its_own_cache_logits(model, inference):
+    # autograd: update gathers into fresh tensors; inference: into the pool's one buffer
+    with torch.inference_mode(inference):
+        _paged_batch_gives_each_row_its_own_cache_logits(model)
+
+
+def _paged_batch_gives_each_row_its_own_cache_logits(model):
     c = model.config
     kv_heads = getattr(c, "num_kv_heads", c.num_heads)
     p = BlockPool(12, 4, num_layers=c.num_layers, num_kv_heads=kv_heads,
@@ -233,6 +240,28 @@ def test_a_paged_batch_gives_each_row_its_own_cache_logits(model):
         model(torch.tensor([prompt + [5 + row]]), kv_cache=cache)
         assert torch.allclose(gather_blocks(p.keys[0], tables[row], len(prompt) + 1),
                               cache.keys[0][0], atol=1e-6)
+
+
+def test_update_gathers_every_layer_into_one_buffer_without_autograd():
+    p = BlockPool(6, 4, num_layers=2, num_kv_heads=2, head_dim=3)
+    table = p.allocate(2)
+    new = [torch.randn(1, 2, 5, 3) for _ in range(4)]
+    with torch.inference_mode():
+        view = p.view([table], [0], 5)
+        k0, v0 = view.update(0, new[0], new[1])
+        assert torch.equal(k0, new[0]) and torch.equal(v0, new[1])
+        k1, v1 = view.update(1, new[2], new[3])
+    assert torch.equal(k1, new[2]) and torch.equal(v1, new[3])
+    assert k0.data_ptr() == k1.data_ptr() and v0.data_ptr() == v1.data_ptr()   # reused
+    assert torch.equal(k0, new[2])                 # so layer 0's are gone: valid until then
+    # with autograd, a gradient reaches the new keys through the gathered ones
+    q = BlockPool(6, 4, num_layers=1, num_kv_heads=2, head_dim=3)
+    key = torch.randn(1, 2, 5, 3, requires_grad=True)
+    keys, _ = q.view([q.allocate(2)], [0], 5).update(0, key, torch.randn(1, 2, 5, 3))
+    (2 * keys).sum().backward()
+    assert torch.equal(key.grad, torch.full_like(key, 2.0))
+    with pytest.raises(ValueError, match="slots must be"):
+        p.gathered(-1)
 
 
 def test_a_view_refuses_rows_without_room():

@@ -345,11 +345,13 @@ class GPT(nn.Module):
         each weight matrix of at least ``FAST_MIN_NUMEL`` numbers into
         ``FAST_PIECES`` blocks of rows, views of the weight itself (no copy), and
         multiplies the vector by all of them in one batched call (``torch.baddbmm``), which
-        the threads share: the whole step ran 1.5-1.7x as fast as the ordinary one, at about
-        40-50% of the best bandwidth measured against the ordinary step's 28% (at 1 thread,
-        no faster; on a busy machine, two threads that wait for each other can be slower). Rows that do not fill a whole block (the
-        head's 50,257 words are not a multiple of 8) go through ``F.linear``, as do smaller
-        matrices, read faster than the blocks' few extra calls take. The blocks change the
+        the threads share; for one or two rows the blocks stand on the left of the product
+        (``blocks @ x^T``), which read faster still. The whole step ran twice as fast as the
+        ordinary one, at 75% of the best bandwidth measured against the ordinary step's 37%
+        (``benchmarks/decode_vs_transformers.py``, load about 1; on a busy machine, two
+        threads that wait for each other can be slower). Rows that do not fill a whole block
+        (the head's 50,257 words are not a multiple of 8) go through ``F.linear``, as do
+        smaller matrices, read faster than the blocks' few extra calls take. The blocks change the
         order of the additions, hence the rounding. Other dtypes (bfloat16) and devices keep
         ``F.linear``, whose kernels there were as fast; the step still saves Python's time
         per layer.
@@ -573,6 +575,10 @@ FAST_PIECES = 8  # the blocks of rows of GPT.make_fast_decode_step's products (4
 # below this many numbers (1 MiB of float32) a matrix is read in less time than the blocks'
 # few extra calls take (about 8 microseconds): F.linear is faster (the book's model, chapter 11)
 FAST_MIN_NUMEL = 2 ** 18
+# up to this many rows, the blocks multiply the rows from the left (blocks @ x^T), which read
+# GPT-2 small's matrices 1.3-1.7x as fast at one row (the head: 5.2 against 7.5 ms) and up to
+# 3x at two; from four rows on, x @ blocks^T was as fast or faster
+FAST_FEW_ROWS = 2
 
 
 def _pieces_pay(x: Tensor) -> bool:
@@ -583,7 +589,8 @@ def _pieces_pay(x: Tensor) -> bool:
 
 def _row_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for a few rows ``x`` ``(B, in)``, as ``FAST_PIECES``
-    products of blocks of ``weight``'s rows (views, no copy), batched in one call; the rows
+    products of blocks of ``weight``'s rows (views, no copy), batched in one call (with the
+    blocks on the left for up to :data:`FAST_FEW_ROWS` rows, on the right for more); the rows
     beyond a whole number of blocks go through ``F.linear``, and so does a weight of fewer
     than :data:`FAST_MIN_NUMEL` numbers. ``(B, out)``, the same numbers up to the order of
     the additions."""
@@ -592,11 +599,18 @@ def _row_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tenso
     if size == 0 or out * width < FAST_MIN_NUMEL:
         return F.linear(x, weight, bias)
     whole, rows = size * FAST_PIECES, x.shape[0]
-    blocks = weight[:whole].view(FAST_PIECES, size, width).transpose(1, 2)  # (P, in, size)
-    xs = x.expand(FAST_PIECES, rows, width)                                # (P, B, in)
-    y = (torch.bmm(xs, blocks) if bias is None
-         else torch.baddbmm(bias[:whole].view(FAST_PIECES, 1, size), xs, blocks))
-    y = y.view(1, whole) if rows == 1 else y.transpose(0, 1).reshape(rows, whole)  # (B, whole)
+    if rows <= FAST_FEW_ROWS:                           # blocks @ x^T: (P, size, in) (P, in, B)
+        blocks = weight[:whole].view(FAST_PIECES, size, width)
+        xs = x.t().expand(FAST_PIECES, width, rows)
+        y = (torch.bmm(blocks, xs) if bias is None
+             else torch.baddbmm(bias[:whole].view(FAST_PIECES, size, 1), blocks, xs))
+        y = y.view(1, whole) if rows == 1 else y.permute(2, 0, 1).reshape(rows, whole)
+    else:                                               # x @ blocks^T: (P, B, in) (P, in, size)
+        blocks = weight[:whole].view(FAST_PIECES, size, width).transpose(1, 2)
+        xs = x.expand(FAST_PIECES, rows, width)
+        y = (torch.bmm(xs, blocks) if bias is None
+             else torch.baddbmm(bias[:whole].view(FAST_PIECES, 1, size), xs, blocks))
+        y = y.transpose(0, 1).reshape(rows, whole)                         # (B, whole)
     if whole == out:
         return y
     rest = F.linear(x, weight[whole:], None if bias is None else bias[whole:])

@@ -5,10 +5,11 @@ order than ``F.linear``'s: the logits are those of the ordinary step (``make_dec
 bit for bit ``forward``) up to float32 rounding, and the greedy tokens are the same.
 
 "Within float32 rounding" is checked two ways on every decode step: (1) every logit is within
-``8 * eps`` of the ordinary step's, ``eps = torch.finfo(torch.float32).eps`` (1.2e-7) scaled by
-the largest logit's magnitude (measured: 0 to 2.2 eps); (2) against a float64 copy of the model
-(the exact numbers, to float32's eyes), the fast step's largest error is at most twice the
-ordinary step's (measured: equal).
+``16 * eps`` of the ordinary step's, ``eps = torch.finfo(torch.float32).eps`` (1.2e-7) scaled by
+the largest logit's magnitude (measured: 0 to 4.3 eps, and 12.2 eps for weights scaled by 3
+after the step was made, where the ordinary step is itself 13.3 eps from the exact logits);
+(2) against a float64 copy of the model (the exact numbers, to float32's eyes), the fast step's
+largest error is at most twice the ordinary step's (measured: equal).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def run(step, idx: torch.Tensor, num_layers: int, prefill: int = 8,
 def assert_within_float32_rounding(fast: torch.Tensor, ordinary: torch.Tensor,
                                    exact: torch.Tensor) -> None:
     scale = exact.abs().max().item()
-    assert (fast - ordinary).abs().max().item() <= 8 * EPS * scale
+    assert (fast - ordinary).abs().max().item() <= 16 * EPS * scale
     assert ((fast.double() - exact).abs().max()
             <= 2 * (ordinary.double() - exact).abs().max() + EPS * scale)
 

@@ -104,12 +104,21 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
 
     Returns:
         a scalar tensor.
+
+    Raises:
+        TypeError, ValueError: tensors that do not fit, a ``beta`` that is not positive, or
+            one so large that ``beta`` times a margin overflows the tensors' dtype.
     """
     beta = _checks.check_number("beta", beta, positive=True)
     _check_log_probs(policy_chosen=policy_chosen, policy_rejected=policy_rejected,
                      ref_chosen=ref_chosen, ref_rejected=ref_rejected)
     margin = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
-    return -F.logsigmoid(beta * margin).mean()
+    scaled = beta * margin
+    if not bool(torch.isfinite(scaled).all()) and bool(torch.isfinite(margin).all()):
+        raise ValueError(f"beta={beta!r} times the log-probability margins (up to "
+                         f"{margin.abs().max().item():.3g}) overflows {margin.dtype}: use a "
+                         f"smaller beta (TRL's default is 0.1)")
+    return -F.logsigmoid(scaled).mean()
 
 
 def preference_accuracy(chosen: Tensor, rejected: Tensor) -> float:

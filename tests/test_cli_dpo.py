@@ -6,8 +6,6 @@ bit; one-line refusals."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import random
@@ -26,10 +24,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the netwo
 from minitransformer import GPT, BPETokenizer, GPTConfig, checkpoints  # noqa: E402
 from minitransformer.bpe import GPT2_PATTERN  # noqa: E402
 from minitransformer.cli import dpo as dpo_command  # noqa: E402
-from minitransformer.cli import main  # noqa: E402
 from minitransformer.llama import Llama  # noqa: E402
 from minitransformer.preferences import DPO, dpo_batches  # noqa: E402
 from minitransformer.training import TrainingLoop, _optimizer  # noqa: E402
+# one_thread is an autouse fixture: imported, it runs this module on one thread
+from cli_helpers import equal, one_thread, run, tensors  # noqa: E402, F401
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["--steps", "4", "--batch-size", "4", "--context-length", "64", "--num-layers", "1",
@@ -38,30 +37,6 @@ BASE = ["--steps", "4", "--batch-size", "4", "--context-length", "64", "--num-la
 QUICK = ["--steps", "6", "--batch-size", "4", "--lr", "1e-2", "--beta", "0.5", "--no-progress",
          "--device", "cpu", "--threads", "1", "--log-every", "3"]
 WORDS = ["cat", "dog", "bird", "fish", "ant", "owl"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
-
-
-def tensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-    return load_file(path)
-
-
-def equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def pair(k: int) -> dict:
@@ -318,7 +293,8 @@ REFUSALS = {
 
 @pytest.mark.parametrize("name", [*REFUSALS, "not utf-8", "no such file", "no such model",
                                   "not a model", "an adapter", "no chat format", "beta 0",
-                                  "beta -1", "beta nan", "beta inf", "lr 0", "no model",
+                                  "beta -1", "beta nan", "beta inf", "beta 1e300", "lr 0",
+                                  "no model",
                                   "out is a file", "out not empty", "seed -1",
                                   "seed 100000000000000000000000"])
 def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_path):
@@ -350,6 +326,8 @@ def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_
         model, words = plain_model, f"--model {plain_model} has no chat format"
     elif name.startswith("seed"):
         extra, words = ["--seed", name.split()[1]], "--seed: must be a whole number from 0 to"
+    elif name == "beta 1e300":
+        extra, words = ["--beta", "1e300"], "--beta 1e+300 is past float32's largest number"
     elif name.startswith(("beta", "lr")):
         flag, value = name.split()
         extra, words = [f"--{flag}", value], f"--{flag} must be positive, got"

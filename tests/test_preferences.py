@@ -13,6 +13,7 @@ gives the collated batch, and ``DPOTrainer.compute_loss`` (which calls
 
 import math
 import os
+import re
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never the network
 
@@ -173,6 +174,19 @@ def test_dpo_loss_is_its_equation():
     torch.testing.assert_close(implicit_rewards(pc, rc, beta=beta), beta * (pc - rc))
     assert preference_accuracy(torch.tensor([1.0, 2.0, 0.0, 5.0]),
                                torch.tensor([0.0, 3.0, 0.0, 4.0])) == 0.5
+
+
+def test_a_beta_that_overflows_is_named_not_a_nan():
+    pc, pr, rc, rr = (torch.tensor([v]) for v in (-1.0, -5.0, -3.0, -3.0))   # margin 4
+    assert dpo_loss(pc, pr, rc, rr, beta=1e30).item() == 0.0       # huge but finite: sigmoid 1
+    for beta, margins in ((1e300, (pc, pr, rc, rr)), (1e38, (pr, pc, rr, rc))):
+        with pytest.raises(ValueError, match=re.escape(f"beta={beta!r} times the "
+                                                       "log-probability margins (up to 4) "
+                                                       "overflows torch.float32")):
+            dpo_loss(*margins, beta=beta)
+    zero = torch.zeros(1)                    # the first step: policy = reference, margin 0
+    with pytest.raises(ValueError, match="overflows"):
+        dpo_loss(zero, zero, zero, zero, beta=1e300)
 
 
 @pytest.mark.parametrize("data", ["plain", "conversational"])

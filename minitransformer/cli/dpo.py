@@ -84,6 +84,11 @@ def _check_values(given: dict) -> None:
     for key in ("beta", "lr"):
         if key in given and not 0 < given[key] < math.inf:     # also refuses nan
             raise CommandLineError(f"--{key} must be positive, got {given[key]}")
+    largest = torch.finfo(torch.float32).max
+    if given.get("beta", 0) > largest:
+        raise CommandLineError(f"--beta {given['beta']} is past float32's largest number "
+                               f"({largest:.3g}): the loss would be nan from the first step "
+                               f"(TRL's default is 0.1)")
 
 
 def _check_state(state: dict, path: Path) -> None:

@@ -5,8 +5,6 @@ resume after SIGKILL bit for bit; torchrun; one-line refusals."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import random
@@ -24,11 +22,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the netwo
 from minitransformer import GPT, BPETokenizer, GPTConfig, checkpoints  # noqa: E402
 from minitransformer.bpe import GPT2_PATTERN  # noqa: E402
 from minitransformer.chat import CHAT_TOKENS  # noqa: E402
-from minitransformer.cli import main  # noqa: E402
 from minitransformer.llama import Llama  # noqa: E402
 from minitransformer.lora import load_adapter  # noqa: E402
 from minitransformer.sft import sft_batch  # noqa: E402
 from minitransformer.training import TrainingLoop, _optimizer  # noqa: E402
+# one_thread is an autouse fixture: imported, it runs this module on one thread
+from cli_helpers import equal, one_thread, run, tensors  # noqa: E402, F401
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -38,30 +37,6 @@ BASE = ["--steps", "4", "--batch-size", "4", "--context-length", "48", "--num-la
 QUICK = ["--steps", "6", "--batch-size", "4", "--lr", "1e-2", "--no-progress", "--device",
          "cpu", "--threads", "1", "--log-every", "3"]
 WORDS = ["cat", "dog", "bird", "fish", "ant", "owl"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
-
-
-def tensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-    return load_file(path)
-
-
-def equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def conversation(k: int) -> dict:

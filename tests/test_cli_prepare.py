@@ -2,8 +2,6 @@
 trains from memory maps, resumes bit for bit, two torchrun processes equal one, and every
 mistake is one line on stderr with exit status 2."""
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -18,8 +16,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from minitransformer.cli import main  # noqa: E402
 from minitransformer.token_files import TokenFiles  # noqa: E402
+# one_thread is an autouse fixture: imported, it runs this module on one thread
+from cli_helpers import one_thread, run  # noqa: E402, F401
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -27,21 +26,6 @@ DATA = Path(__file__).resolve().parent / "data"
 TINY = ["--batch-size", "8", "--context-length", "16", "--num-layers", "2", "--num-heads", "2",
         "--d-model", "32", "--lr", "1e-2", "--eval-every", "10", "--no-progress", "--device",
         "cpu", "--threads", "1"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
 
 
 def weights(folder: Path) -> dict:

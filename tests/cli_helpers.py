@@ -1,0 +1,43 @@
+"""What the command-line tests share: run a command in-process, one thread for the module,
+and read and compare saved tensors. (Imported by the ``test_cli_*`` modules; pytest puts this
+folder on ``sys.path``.)"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+import torch
+
+from minitransformer.cli import main
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Each module runs its commands on one thread, as ``--threads 1`` asks, and gives the
+    thread count back after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(*argv) -> tuple[int, str, str]:
+    """``python -m minitransformer ARGV`` in this process: its exit status, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main([str(a) for a in argv])
+    return status, out.getvalue(), err.getvalue()
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file."""
+    from safetensors.torch import load_file
+    return load_file(path)
+
+
+def equal(a: dict, b: dict) -> bool:
+    """Whether two dicts of tensors hold the same names and the same values, bit for bit."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

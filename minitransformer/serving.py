@@ -12,7 +12,9 @@ decides again at every step which requests run. A step:
 3. *prefills* each admitted request alone: its prompt in one forward pass, which writes its keys
    and values into its blocks and gives its first token;
 4. *decodes* every other running request in one batched forward pass: one new token per row,
-   the rows left-padded to the longest (:class:`~minitransformer.paged_cache.PagedView`);
+   the rows left-padded to the longest (:class:`~minitransformer.paged_cache.PagedView`),
+   through :meth:`~minitransformer.gpt.GPT.make_fast_decode_step`'s step, whose blocks of
+   weight rows both threads share (a Llama takes its ``make_decode_step``);
 5. ends the requests that wrote an end token, a stop string, or ``max_tokens`` tokens, and
    frees their blocks, so that the next step admits waiting ones in their place.
 
@@ -32,8 +34,8 @@ writes into another's blocks.
 Each request samples with its own generator (``seed``) and counts its own tokens for the
 penalties, so its tokens are those it gets alone with
 :func:`~minitransformer.generation.generate` (greedy or seeded), up to float rounding: a row of
-a batched matrix product may round differently from the same row alone (chapter 18 measures
-whether that ever changes a token).
+a batched matrix product, or the fast step's blocks, may round differently from the same row
+alone (chapter 18 measures whether that ever changes a token).
 
 :meth:`Engine.submit` and :meth:`Engine.cancel` may be called from any thread while one thread
 calls :meth:`Engine.step` in a loop (the server's design); :meth:`Engine.run` drives the steps
@@ -249,7 +251,8 @@ class Engine:
             special = getattr(tokenizer, "special_tokens", None) or {}
             eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
         self.eos_ids = frozenset(self._check_vocab("eos_ids", _check_ids("eos_ids", eos_ids)))
-        self._forward = model.make_decode_step()
+        fast = getattr(model, "make_fast_decode_step", None)          # GPT's; not Llama's
+        self._forward = fast() if fast is not None else model.make_decode_step()
         self._lock = threading.Lock()                 # the queue, the ids, the cancellations
         self._step_lock = threading.Lock()            # one step at a time
         self._next_id = 0

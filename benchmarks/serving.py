@@ -275,8 +275,8 @@ def one_round(model: GPT, folder: str, work: list, args: argparse.Namespace) -> 
 
 
 def median_run(timings: list[Timing]) -> Timing:
-    """The round whose tokens per second is the median (the lower middle one of an even
-    number), robust to a slow spell of a shared machine."""
+    """The round whose tokens per second is the median (of an even number, the slower
+    middle one: of two rounds, the slower), robust to a slow spell of a shared machine."""
     ranked = sorted(timings, key=lambda t: t.summary()["tokens_per_s"])
     return ranked[(len(ranked) - 1) // 2]
 
@@ -305,6 +305,8 @@ def main() -> None:
         args.rounds = 1 if args.quick else 3
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.counts and min(args.counts) < 1:
+        parser.error(f"--counts must be at least 1 each, got {min(args.counts)}")
     torch.set_num_threads(args.threads)
     print(f"load average {os.getloadavg()[0]:.1f}, {args.threads} threads, size {args.size}, "
           f"max_batch {args.max_batch}, kv_blocks {args.kv_blocks}", flush=True)
@@ -324,7 +326,7 @@ def main() -> None:
             rounds: dict[str, list[Timing]] = {}
             for _ in range(args.rounds):
                 runs = one_round(model, folder, work, args)
-                memory = runs.pop("memory")
+                memory = runs.pop("memory")      # greedy: every round schedules alike
                 for name, timing in runs.items():
                     rounds.setdefault(name, []).append(timing)
             runs = {name: median_run(timings) for name, timings in rounds.items()}

@@ -145,11 +145,15 @@ class BlockPool:
         so that every layer of every step writes into the same memory. Gathering into a fresh
         tensor of a few megabytes took two to five times as long as into memory used before,
         on the course's CPU: the system hands new memory out page by page, zeroed on first
-        touch. What one call returns is overwritten by the next."""
+        touch. The buffer at least doubles when it grows (a decoding batch widens by a
+        position a step). What one call returns is overwritten by the next call on this pool,
+        from any view or thread."""
         _checks.check_int("slots", slots, low=0)
         per = self.num_kv_heads * self.head_dim
         if self._gathered is None or self._gathered.shape[1] < slots * per:
-            self._gathered = self.keys.new_empty(2, slots * per)
+            size = max(slots * per, 0 if self._gathered is None else 2 * self._gathered.shape[1])
+            with torch.inference_mode(False):     # a normal tensor, writable in any mode
+                self._gathered = self.keys.new_empty(2, size)
         keys, values = self._gathered[:, :slots * per].unbind(0)
         return (keys.view(slots, self.num_kv_heads, self.head_dim),
                 values.view(slots, self.num_kv_heads, self.head_dim))
@@ -219,21 +223,25 @@ class PagedView(KVCache):
         """Write the new ``key`` and ``value`` ``(B, heads, new, head_dim)`` of layer
         ``layer_idx`` into the rows' blocks; return all of the batch's keys and values,
         ``(B, heads, P + new, head_dim)``, gathered from the blocks (padding from the null
-        block)."""
+        block). Without autograd (``torch.no_grad``, ``torch.inference_mode``) they are
+        gathered into the pool's buffer (:meth:`BlockPool.gathered`), overwritten by the next
+        ``update`` of any view of this pool: use them before that (a layer's attention does),
+        and give each thread its own pool."""
         pool = self.pool
         batch, heads, new, width = key.shape
-        if (batch, new) != (self._batch, self._new) or heads != pool.num_kv_heads:
+        if ((batch, new) != (self._batch, self._new) or heads != pool.num_kv_heads
+                or width != pool.head_dim or value.shape != key.shape):
             raise ValueError(f"the paged view holds {self._batch} rows of {self._new} new "
-                             f"positions and {pool.num_kv_heads} heads, got keys of shape "
-                             f"{_checks.shape(key)}")
+                             f"positions and {pool.num_kv_heads} heads of size "
+                             f"{pool.head_dim}, got keys of shape {_checks.shape(key)} and "
+                             f"values of shape {_checks.shape(value)}")
         flat_keys = pool.keys[layer_idx].view(-1, heads, width)          # (slots, h, d)
         flat_values = pool.values[layer_idx].view(-1, heads, width)
         flat_keys.index_copy_(0, self._write, key.transpose(1, 2).reshape(-1, heads, width))
         flat_values.index_copy_(0, self._write,
                                 value.transpose(1, 2).reshape(-1, heads, width))
-        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad
-                                        or flat_keys.requires_grad):
-            keys = flat_keys.index_select(0, self._read)      # autograd takes no out=
+        if torch.is_grad_enabled():          # autograd may keep them for the backward pass
+            keys = flat_keys.index_select(0, self._read)
             values = flat_values.index_select(0, self._read)
         else:
             keys, values = pool.gathered(self._read.numel())

@@ -9,8 +9,9 @@ decides again at every step which requests run. A step:
 2. admits waiting requests, oldest first, while fewer than ``max_batch`` run and the free blocks
    hold the new request's tokens (plus one) after the running requests have taken the block
    their next token may need;
-3. *prefills* each admitted request alone: its prompt in one forward pass, which writes its keys
-   and values into its blocks and gives its first token;
+3. *prefills* each admitted request alone: its prompt in one forward pass (``make_decode_step``'s
+   step, bit for bit ``forward``), which writes its keys and values into its blocks and gives its
+   first token;
 4. *decodes* every other running request in one batched forward pass: one new token per row,
    the rows left-padded to the longest (:class:`~minitransformer.paged_cache.PagedView`),
    through :meth:`~minitransformer.gpt.GPT.make_fast_decode_step`'s step, whose blocks of
@@ -251,8 +252,9 @@ class Engine:
             special = getattr(tokenizer, "special_tokens", None) or {}
             eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
         self.eos_ids = frozenset(self._check_vocab("eos_ids", _check_ids("eos_ids", eos_ids)))
+        self._prefill_step = model.make_decode_step()    # bit for bit forward: generate's
         fast = getattr(model, "make_fast_decode_step", None)          # GPT's; not Llama's
-        self._forward = fast() if fast is not None else model.make_decode_step()
+        self._decode_step = fast() if fast is not None else self._prefill_step
         self._lock = threading.Lock()                 # the queue, the ids, the cancellations
         self._step_lock = threading.Lock()            # one step at a time
         self._next_id = 0
@@ -457,7 +459,7 @@ class Engine:
         recomputed and its next token is still to decode."""
         length = len(seq.tokens) - (1 if seq.generated else 0)
         idx = torch.tensor([seq.tokens[:length]], dtype=torch.long, device=self.device)
-        logits = self._forward(idx, self.pool.view([seq.blocks], [0], length))  # (1, T, V)
+        logits = self._prefill_step(idx, self.pool.view([seq.blocks], [0], length))  # (1, T, V)
         seq.cached = length
         if seq.generated:
             return None
@@ -470,8 +472,8 @@ class Engine:
             return []
         view = self.pool.view([s.blocks for s in rows], [s.cached for s in rows], 1)
         idx = torch.tensor([[s.tokens[-1]] for s in rows], dtype=torch.long, device=self.device)
-        logits = self._forward(idx, view, attention_mask=view.attention_mask,
-                               position_ids=view.position_ids)[:, -1]   # (B, V)
+        logits = self._decode_step(idx, view, attention_mask=view.attention_mask,
+                                   position_ids=view.position_ids)[:, -1]   # (B, V)
         greedy = [i for i, s in enumerate(rows) if s.greedy]
         best = logits[greedy].argmax(dim=-1).tolist() if greedy else []
         chosen = dict(zip(greedy, best))

@@ -111,7 +111,7 @@ def test_a_padded_batch_takes_the_same_masks_and_positions():
     assert_within_float32_rounding(fast, ordinary, exact)
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 2, 3])
 @pytest.mark.parametrize("out, width", [(1003, 96), (96, 96), (12, 20), (5, 12), (8, 4)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_row_product_is_f_linear_to_rounding(rows, out, width, bias):

@@ -262,6 +262,18 @@ def test_update_gathers_every_layer_into_one_buffer_without_autograd():
     assert torch.equal(key.grad, torch.full_like(key, 2.0))
     with pytest.raises(ValueError, match="slots must be"):
         p.gathered(-1)
+    # made in inference mode, the buffer still takes writes under no_grad
+    with torch.no_grad():
+        k2, _ = p.view([table], [0], 5).update(0, new[1], new[0])
+    assert torch.equal(k2, new[1])
+    # it grows at least twofold, so that a batch that widens a position a step seldom
+    # allocates: 40 slots fit exactly, 41 double it, and then up to 80 fit
+    p.gathered(40)
+    grown = p.gathered(41)[0].data_ptr()
+    assert p.gathered(80)[0].data_ptr() == grown
+    # keys and values of another shape are refused, naming the shapes
+    with pytest.raises(ValueError, match="3 heads|heads of size 3"):
+        p.view([table], [0], 5).update(0, torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))
 
 
 def test_a_view_refuses_rows_without_room():

@@ -107,6 +107,37 @@ def test_every_request_gets_its_tokens_alone(make):
     assert engine.num_free_blocks == engine.num_blocks and not engine.has_work
 
 
+def test_a_gpt_decodes_through_the_fast_step_and_prefills_through_the_exact_one(monkeypatch):
+    """A GPT's engine decodes with make_fast_decode_step's blocks of weight rows (here every
+    matrix is cut, as GPT-2 small's are) and prefills with make_decode_step, bit for bit
+    forward: a one-token prompt included, each first token's scores are generate's own."""
+    import minitransformer.gpt as gpt_module
+
+    monkeypatch.setattr(gpt_module, "FAST_MIN_NUMEL", 0)
+    calls = {"blocks": 0}
+    row_product = gpt_module._row_product
+
+    def counted(*args, **kwargs):
+        calls["blocks"] += 1
+        return row_product(*args, **kwargs)
+
+    monkeypatch.setattr(gpt_module, "_row_product", counted)
+    model = gpt()
+    requests = [Request([7], max_tokens=6, temperature=0.0), *mixed_requests(9, seed=3)]
+    engine = Engine(model, max_batch=4, kv_blocks=64, block_size=4, eos_ids=[5])
+    prefills = []
+    prefill_step = engine._prefill_step
+    engine._prefill_step = lambda idx, view: prefills.append(prefill_step(idx, view)) or \
+        prefills[-1]
+    done = engine.run(requests)
+    assert calls["blocks"] > 0                              # the decode steps used the blocks
+    for request, completion, logits in zip(requests, done, prefills):
+        assert completion.token_ids == alone(model, request, eos_ids={5})
+        with torch.no_grad():
+            exact = model(torch.tensor([request.prompt_ids]))[0]
+        assert torch.equal(logits, exact)                   # the prefill: bit for bit
+
+
 @pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
 def test_a_short_pool_makes_requests_wait_or_be_recomputed_not_fail(make):
     model = make()

@@ -346,7 +346,9 @@ class GPT(nn.Module):
         ``FAST_PIECES`` blocks of rows, views of the weight itself (no copy), and
         multiplies the vector by all of them in one batched call (``torch.baddbmm``), which
         the threads share; for one or two rows the blocks stand on the left of the product
-        (``blocks @ x^T``), which read faster still. The whole step ran twice as fast as the
+        (``blocks @ x^T``), which read faster still, and a matrix as large as GPT-2's head is
+        cut into more blocks when it multiplies more rows (``FAST_LARGE_NUMEL``), which a
+        serving engine's batch does. The whole step ran twice as fast as the
         ordinary one, at 75% of the best bandwidth measured against the ordinary step's 37%
         (``benchmarks/decode_vs_transformers.py``, load about 1; on a busy machine, two
         threads that wait for each other can be slower). Rows that do not fill a whole block
@@ -579,6 +581,13 @@ FAST_MIN_NUMEL = 2 ** 18
 # GPT-2 small's matrices 1.3-1.7x as fast at one row (the head: 5.2 against 7.5 ms) and up to
 # 3x at two; from four rows on, x @ blocks^T was as fast or faster
 FAST_FEW_ROWS = 2
+# a matrix of at least this many numbers (GPT-2's head: 38.6 million) is cut into
+# FAST_LARGE_PIECES blocks for more than FAST_LARGE_FEW_ROWS rows, and up to that many rows
+# takes the blocks on the left: at 8 and 16 rows the head took 9.7-12.8 and 15-16 ms in 32
+# blocks against 15 and 20 ms in 8, and at 4 rows 6.3-7.0 ms on the left against 9.2
+FAST_LARGE_NUMEL = 2 ** 24
+FAST_LARGE_PIECES = 32
+FAST_LARGE_FEW_ROWS = 4
 
 
 def _pieces_pay(x: Tensor) -> bool:
@@ -590,26 +599,30 @@ def _pieces_pay(x: Tensor) -> bool:
 def _row_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for a few rows ``x`` ``(B, in)``, as ``FAST_PIECES``
     products of blocks of ``weight``'s rows (views, no copy), batched in one call (with the
-    blocks on the left for up to :data:`FAST_FEW_ROWS` rows, on the right for more); the rows
+    blocks on the left for up to :data:`FAST_FEW_ROWS` rows, on the right for more; a weight
+    of :data:`FAST_LARGE_NUMEL` numbers or more takes the left up to
+    :data:`FAST_LARGE_FEW_ROWS` rows and :data:`FAST_LARGE_PIECES` blocks past that); the rows
     beyond a whole number of blocks go through ``F.linear``, and so does a weight of fewer
     than :data:`FAST_MIN_NUMEL` numbers. ``(B, out)``, the same numbers up to the order of
     the additions."""
     out, width = weight.shape
-    size = out // FAST_PIECES                            # rows of weight per block
+    rows, large = x.shape[0], out * width >= FAST_LARGE_NUMEL
+    pieces = FAST_LARGE_PIECES if large and rows > FAST_LARGE_FEW_ROWS else FAST_PIECES
+    size = out // pieces                                 # rows of weight per block
     if size == 0 or out * width < FAST_MIN_NUMEL:
         return F.linear(x, weight, bias)
-    whole, rows = size * FAST_PIECES, x.shape[0]
-    if rows <= FAST_FEW_ROWS:                           # blocks @ x^T: (P, size, in) (P, in, B)
-        blocks = weight[:whole].view(FAST_PIECES, size, width)
-        xs = x.t().expand(FAST_PIECES, width, rows)
+    whole = size * pieces
+    if rows <= (FAST_LARGE_FEW_ROWS if large else FAST_FEW_ROWS):
+        blocks = weight[:whole].view(pieces, size, width)          # blocks @ x^T
+        xs = x.t().expand(pieces, width, rows)                      # (P, in, B)
         y = (torch.bmm(blocks, xs) if bias is None
-             else torch.baddbmm(bias[:whole].view(FAST_PIECES, size, 1), blocks, xs))
+             else torch.baddbmm(bias[:whole].view(pieces, size, 1), blocks, xs))
         y = y.view(1, whole) if rows == 1 else y.permute(2, 0, 1).reshape(rows, whole)
-    else:                                               # x @ blocks^T: (P, B, in) (P, in, size)
-        blocks = weight[:whole].view(FAST_PIECES, size, width).transpose(1, 2)
-        xs = x.expand(FAST_PIECES, rows, width)
+    else:                                                           # x @ blocks^T
+        blocks = weight[:whole].view(pieces, size, width).transpose(1, 2)  # (P, in, size)
+        xs = x.expand(pieces, rows, width)                                  # (P, B, in)
         y = (torch.bmm(xs, blocks) if bias is None
-             else torch.baddbmm(bias[:whole].view(FAST_PIECES, 1, size), xs, blocks))
+             else torch.baddbmm(bias[:whole].view(pieces, 1, size), xs, blocks))
         y = y.transpose(0, 1).reshape(rows, whole)                         # (B, whole)
     if whole == out:
         return y

@@ -94,6 +94,21 @@ def test_logits_within_float32_rounding_and_the_same_greedy_tokens(name):
     assert torch.equal(generate(model, prompt, 30, temperature=0, fast=True), greedy)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_the_heads_way_keeps_the_logits_within_rounding(monkeypatch, rows):
+    """With every matrix taking the way of a head of 2 ** 24 numbers or more (32 blocks past 4
+    rows, the blocks on the left up to 4), the decode steps of 1, 3 and 6 rows."""
+    monkeypatch.setattr(gpt_module, "FAST_LARGE_NUMEL", 0)
+    model = model_of("gpt2-like")
+    idx = prompt_of(model.config, rows=rows)
+    exact_model = copy.deepcopy(model).double()
+    with torch.no_grad():
+        fast = run(model.make_fast_decode_step(), idx, 3)
+        ordinary = run(model.make_decode_step(), idx, 3)
+        exact = run(exact_model.make_decode_step(), idx, 3)
+    assert_within_float32_rounding(fast[:, 8:], ordinary[:, 8:], exact[:, 8:])
+
+
 def test_a_padded_batch_takes_the_same_masks_and_positions():
     """Chapter 18's left-padded batch: attention_mask and position_ids reach the fast step."""
     model = model_of("gpt2-like")
@@ -111,10 +126,13 @@ def test_a_padded_batch_takes_the_same_masks_and_positions():
     assert_within_float32_rounding(fast, ordinary, exact)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("large", [False, True], ids=["", "large"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("out, width", [(1003, 96), (96, 96), (12, 20), (5, 12), (8, 4)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_a_row_product_is_f_linear_to_rounding(rows, out, width, bias):
+def test_a_row_product_is_f_linear_to_rounding(monkeypatch, rows, out, width, bias, large):
+    if large:            # every matrix takes the head's way: 32 blocks, or the left up to 4 rows
+        monkeypatch.setattr(gpt_module, "FAST_LARGE_NUMEL", 0)
     g = torch.Generator().manual_seed(0)
     x, weight = torch.randn(rows, width, generator=g), torch.randn(out, width, generator=g)
     b = torch.randn(out, generator=g) if bias else None

@@ -1,6 +1,6 @@
 """What the command-line tests share: run a command in-process, one thread for the module,
-and read and compare saved tensors. (Imported by the ``test_cli_*`` modules; pytest puts this
-folder on ``sys.path``.)"""
+train a small base model, and read and compare saved tensors. (Imported by the ``test_cli_*``
+modules; pytest puts this folder on ``sys.path``.)"""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ def run(*argv) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main([str(a) for a in argv])
     return status, out.getvalue(), err.getvalue()
+
+
+def train_base(text: Path, out: Path, flags: list, *extra) -> Path:
+    """``train`` a small model on ``text`` into ``out`` with ``flags`` (and ``extra``), for the
+    commands that start from a base model; ``out``."""
+    status, _, stderr = run("train", "--data", text, "--out", out, *flags, *extra)
+    assert status == 0, stderr
+    return out
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:

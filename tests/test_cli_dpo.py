@@ -28,7 +28,7 @@ from minitransformer.llama import Llama  # noqa: E402
 from minitransformer.preferences import DPO, dpo_batches  # noqa: E402
 from minitransformer.training import TrainingLoop, _optimizer  # noqa: E402
 # one_thread is an autouse fixture: imported, it runs this module on one thread
-from cli_helpers import equal, one_thread, run, tensors  # noqa: E402, F401
+from cli_helpers import equal, one_thread, run, tensors, train_base  # noqa: E402, F401
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["--steps", "4", "--batch-size", "4", "--context-length", "64", "--num-layers", "1",
@@ -66,19 +66,13 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def gpt_base(data, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("base") / "gpt"
-    status, _, stderr = run("train", "--data", data / "text.txt", "--out", out, *BASE)
-    assert status == 0, stderr
-    return out
+    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "gpt", BASE)
 
 
 @pytest.fixture(scope="module")
 def llama_base(data, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("base") / "llama"
-    status, _, stderr = run("train", "--data", data / "text.txt", "--out", out, *BASE,
-                            "--arch", "llama")
-    assert status == 0, stderr
-    return out
+    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "llama", BASE,
+                      "--arch", "llama")
 
 
 def test_help_lists_every_flag():

@@ -27,7 +27,7 @@ from minitransformer.lora import load_adapter  # noqa: E402
 from minitransformer.sft import sft_batch  # noqa: E402
 from minitransformer.training import TrainingLoop, _optimizer  # noqa: E402
 # one_thread is an autouse fixture: imported, it runs this module on one thread
-from cli_helpers import equal, one_thread, run, tensors  # noqa: E402, F401
+from cli_helpers import equal, one_thread, run, tensors, train_base  # noqa: E402, F401
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -61,19 +61,13 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def gpt_base(data, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("base") / "gpt"
-    status, _, stderr = run("train", "--data", data / "text.txt", "--out", out, *BASE)
-    assert status == 0, stderr
-    return out
+    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "gpt", BASE)
 
 
 @pytest.fixture(scope="module")
 def llama_base(data, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("base") / "llama"
-    status, _, stderr = run("train", "--data", data / "text.txt", "--out", out, *BASE,
-                            "--arch", "llama")
-    assert status == 0, stderr
-    return out
+    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "llama", BASE,
+                      "--arch", "llama")
 
 
 def test_train_reserves_the_chat_tokens(gpt_base):

@@ -347,14 +347,14 @@ class GPT(nn.Module):
         multiplies the vector by all of them in one batched call (``torch.baddbmm``), which
         the threads share; for one or two rows the blocks stand on the left of the product
         (``blocks @ x^T``), which read faster still, and a matrix as large as GPT-2's head is
-        cut into more blocks when it multiplies more rows (``FAST_LARGE_NUMEL``), which a
-        serving engine's batch does. The whole step ran twice as fast as the
-        ordinary one, at 75% of the best bandwidth measured against the ordinary step's 37%
+        cut into more blocks when it multiplies more rows (``FAST_LARGE_NUMEL``), as a
+        serving engine's batch does. The whole step ran twice as fast as the ordinary one, at
+        75% of the best bandwidth measured against the ordinary step's 37%
         (``benchmarks/decode_vs_transformers.py``, load about 1; on a busy machine, two
         threads that wait for each other can be slower). Rows that do not fill a whole block
         (the head's 50,257 words are not a multiple of 8) go through ``F.linear``, as do
-        smaller matrices, read faster than the blocks' few extra calls take. The blocks change the
-        order of the additions, hence the rounding. Other dtypes (bfloat16) and devices keep
+        smaller matrices, read faster than the blocks' few extra calls take. The blocks change
+        the order of the additions, hence the rounding. Other dtypes (bfloat16) and devices keep
         ``F.linear``, whose kernels there were as fast; the step still saves Python's time
         per layer.
 

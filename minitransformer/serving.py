@@ -9,21 +9,26 @@ decides again at every step which requests run. A step:
 2. admits waiting requests, oldest first, while fewer than ``max_batch`` run and the free blocks
    hold the new request's tokens (plus one) after the running requests have taken the block
    their next token may need;
-3. *prefills* each admitted request alone: its prompt in one forward pass (``make_decode_step``'s
-   step, bit for bit ``forward``), which writes its keys and values into its blocks and gives its
-   first token;
+3. *prefills* each admitted request alone: its prompt in one forward pass, which writes its
+   keys and values into its blocks and gives its first token;
 4. *decodes* every other running request in one batched forward pass: one new token per row,
-   the rows left-padded to the longest (:class:`~minitransformer.paged_cache.PagedView`),
-   through :meth:`~minitransformer.gpt.GPT.make_fast_decode_step`'s step, whose blocks of
-   weight rows both threads share (a Llama takes its ``make_decode_step``);
+   the rows left-padded to the longest (:class:`~minitransformer.paged_cache.PagedView`);
 5. ends the requests that wrote an end token, a stop string, or ``max_tokens`` tokens, and
    frees their blocks, so that the next step admits waiting ones in their place.
 
 Prefill and decode thus share a step, in separate forward passes: a prompt of hundreds of
 tokens would otherwise pad every one-token decode row to its length. A new request's prefill
-runs alone, so its first token is exactly the one it gets alone (TTFT is one prefill after
-admission); on the CPU a prefill is already a large matrix product, and batching prefills buys
-little.
+runs alone (TTFT is one prefill after admission); on the CPU a prefill is already a large
+matrix product, and batching prefills buys little.
+
+A GPT runs both through :meth:`~minitransformer.gpt.GPT.make_fast_decode_step`'s step with
+``pack_weights=True``: its weights packed once, when the engine is made, in oneDNN's layout,
+which multiplied GPT-2 small's matrices by 3 to 16 rows in 0.5-0.7 of the time of the
+unpacked blocks; one or two rows take the blocks of weight rows, which both threads share.
+That costs the weights once more in memory, and makes the first token equal to the one it gets
+alone up to float rounding rather than bit for bit. ``pack_weights=False`` prefills with
+``make_decode_step``'s step (bit for bit ``forward``) and decodes with the unpacked fast step.
+A Llama takes its ``make_decode_step`` for both.
 
 The keys and values live in a :class:`~minitransformer.paged_cache.BlockPool`. A request takes
 a block each time its last one fills. When the pool is empty, the youngest running request is
@@ -221,6 +226,9 @@ class Engine:
         eos_ids: the tokens that end a request (``stop``); ``None`` takes the tokenizer's chat
             tokens (``<|end|>`` and the role markers, as ``minitransformer chat`` stops), or
             none without a tokenizer.
+        pack_weights: a GPT's weights also packed for the CPU's matrix products (see the
+            module's notes; twice the weights' memory); ``False``: not, and the prefill is
+            ``forward``'s bit for bit.
 
     Raises:
         TypeError, ValueError: a model that is not a GPT or Llama, a bad size or id.
@@ -228,7 +236,7 @@ class Engine:
 
     def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
                  kv_blocks: int = 256, block_size: int = BLOCK_SIZE,
-                 eos_ids: Sequence[int] | None = None):
+                 eos_ids: Sequence[int] | None = None, pack_weights: bool = True):
         from minitransformer.gpt import GPT
         from minitransformer.llama import Llama
 
@@ -238,6 +246,7 @@ class Engine:
             raise TypeError(f"tokenizer must be a BPETokenizer (with token_bytes), got "
                             f"{type(tokenizer).__name__}")
         self.max_batch = _checks.check_int("max_batch", max_batch)
+        _checks.check_type("pack_weights", pack_weights, bool, "True or False")
         c = self.config = model.config
         self.model, self.tokenizer = model.eval(), tokenizer
         weight = model.token_embedding.weight
@@ -252,9 +261,12 @@ class Engine:
             special = getattr(tokenizer, "special_tokens", None) or {}
             eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
         self.eos_ids = frozenset(self._check_vocab("eos_ids", _check_ids("eos_ids", eos_ids)))
-        self._prefill_step = model.make_decode_step()    # bit for bit forward: generate's
         fast = getattr(model, "make_fast_decode_step", None)          # GPT's; not Llama's
-        self._decode_step = fast() if fast is not None else self._prefill_step
+        if fast is not None and pack_weights:
+            self._prefill_step = self._decode_step = fast(pack_weights=True)
+        else:
+            self._prefill_step = model.make_decode_step()  # bit for bit forward: generate's
+            self._decode_step = fast() if fast is not None else self._prefill_step
         self._lock = threading.Lock()                 # the queue, the ids, the cancellations
         self._step_lock = threading.Lock()            # one step at a time
         self._next_id = 0

@@ -107,35 +107,50 @@ def test_every_request_gets_its_tokens_alone(make):
     assert engine.num_free_blocks == engine.num_blocks and not engine.has_work
 
 
-def test_a_gpt_decodes_through_the_fast_step_and_prefills_through_the_exact_one(monkeypatch):
-    """A GPT's engine decodes with make_fast_decode_step's blocks of weight rows (here every
-    matrix is cut, as GPT-2 small's are) and prefills with make_decode_step, bit for bit
-    forward: a one-token prompt included, each first token's scores are generate's own."""
+@pytest.mark.parametrize("pack_weights", [True, False])
+def test_a_gpt_runs_through_the_fast_step(monkeypatch, pack_weights):
+    """A GPT's engine decodes with make_fast_decode_step: one or two rows through its blocks of
+    weight rows (here every matrix is cut, as GPT-2 small's are), more through the packed copy
+    of the weights (``pack_weights``, the default). It prefills through the packed copy too,
+    within float32 rounding of forward; with ``pack_weights=False``, through make_decode_step,
+    bit for bit forward. A one-token prompt included, every request's tokens are its own."""
     import minitransformer.gpt as gpt_module
 
     monkeypatch.setattr(gpt_module, "FAST_MIN_NUMEL", 0)
-    calls = {"blocks": 0}
-    row_product = gpt_module._row_product
+    calls = {"blocks": 0, "packed": 0}
+    row_product, packed_call = gpt_module._row_product, gpt_module._PackedWeight.__call__
 
     def counted(*args, **kwargs):
         calls["blocks"] += 1
         return row_product(*args, **kwargs)
 
+    def counted_packed(self, x, bias):
+        out = packed_call(self, x, bias)
+        calls["packed"] += out is not None
+        return out
+
     monkeypatch.setattr(gpt_module, "_row_product", counted)
+    monkeypatch.setattr(gpt_module._PackedWeight, "__call__", counted_packed)
     model = gpt()
     requests = [Request([7], max_tokens=6, temperature=0.0), *mixed_requests(9, seed=3)]
-    engine = Engine(model, max_batch=4, kv_blocks=64, block_size=4, eos_ids=[5])
+    engine = Engine(model, max_batch=4, kv_blocks=64, block_size=4, eos_ids=[5],
+                    pack_weights=pack_weights)
     prefills = []
     prefill_step = engine._prefill_step
     engine._prefill_step = lambda idx, view: prefills.append(prefill_step(idx, view)) or \
         prefills[-1]
     done = engine.run(requests)
-    assert calls["blocks"] > 0                              # the decode steps used the blocks
+    assert calls["blocks"] > 0                   # the decode steps of one or two rows, or all
+    assert (calls["packed"] > 0) == pack_weights
     for request, completion, logits in zip(requests, done, prefills):
         assert completion.token_ids == alone(model, request, eos_ids={5})
         with torch.no_grad():
             exact = model(torch.tensor([request.prompt_ids]))[0]
-        assert torch.equal(logits, exact)                   # the prefill: bit for bit
+        if pack_weights:                         # float32 rounding: 32 eps of the largest
+            bound = 32 * torch.finfo(torch.float32).eps * exact.abs().max()
+            assert (logits - exact).abs().max() <= bound
+        else:
+            assert torch.equal(logits, exact)                   # bit for bit
 
 
 @pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
@@ -317,6 +332,8 @@ def test_bad_requests_and_engines_are_refused():
         Engine(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="eos_ids"):
         Engine(gpt(), eos_ids=[VOCAB])
+    with pytest.raises(TypeError, match="pack_weights must be True or False"):
+        Engine(gpt(), pack_weights="yes")
 
 
 # --- text ------------------------------------------------------------------------------------------

@@ -370,20 +370,26 @@ class GPT(nn.Module):
         every weight matrix in the layout that oneDNN, PyTorch's CPU kernel library, packs a
         matrix into for its products, made once, here, instead of at every call. Products of
         :data:`PACKED_MIN_ROWS` rows or more then read that copy: the prefill too, and a
-        batch's decode step. On the course's CPU (2 threads), GPT-2 small's matrices took
-        0.5-0.7 of the blocks' time at 3 to 16 rows, and its head 0.4 of ``F.linear``'s at 64
-        prompt positions; the serving engine that runs this step wrote 3.6 times the tokens per
-        second of this step running one request after another (``benchmarks/serving.py``, 16
-        requests). One or two rows keep the blocks, which read faster. Packing happens when
-        the step is made (0.26 s for GPT-2 small) and costs the model's weights once more in
-        memory; a weight changed in place (its
-        ``_version`` counts that) or moved is packed again at the next call. The prefill is then
-        no longer ``forward`` bit for bit, only within float32 rounding. It applies to float32
-        weights on the CPU when PyTorch has oneDNN, and only without autograd (under
-        ``torch.no_grad()`` or ``torch.inference_mode()``); otherwise the step is the unpacked
-        one. It goes through ``torch.ops.mkldnn``'s private operators
-        (``_reorder_linear_weight``, ``_linear_pointwise``), which ``torch.compile`` uses for
-        the same purpose, pinned with the course's ``torch`` version.
+        batch's decode step; one or two rows keep the blocks, which read faster.
+        ``benchmarks/packed_weights.py`` times the products of GPT-2 small's matrices each way
+        (on the course's CPU, 2 threads: the packed copy took 0.6-0.9 of the blocks' time at 3
+        to 16 rows, and the head 0.44 of ``F.linear``'s at 64 prompt positions), and
+        ``benchmarks/serving.py`` the engine that runs this step (16 requests of GPT-2 small's
+        shape at 3.6 times the tokens per second of this step running them one after
+        another). The prefill is no longer ``forward`` bit for bit, only within float32
+        rounding.
+
+        The copy costs the weights' memory once more, and it is a copy: a weight changed in
+        place through its tensor (``copy_``, ``mul_``, ``load_state_dict``, most optimizers),
+        which counts the change in its ``_version``, or moved, is packed again at the next call;
+        a change that bypasses the counter is not seen (through ``.data``, through another
+        tensor on the same memory, or by a fused optimizer such as ``AdamW(fused=True)`` on the
+        CPU): make a new step after one. Packing applies to float32 weights on the CPU while
+        ``torch.backends.mkldnn`` is available and enabled, and only without autograd (under
+        ``torch.no_grad()`` or ``torch.inference_mode()``); otherwise, and for weights made
+        under inference mode (which have no counter), the step is the unpacked one, bit for
+        bit. It goes through ``torch.ops.mkldnn``'s private operators
+        (``_reorder_linear_weight``, ``_linear_pointwise``), pinned with the course's ``torch``.
         """
         _checks.check_type("pack_weights", pack_weights, bool, "True or False")
         ordinary = self.make_decode_step()
@@ -643,7 +649,7 @@ PACKED_ROWS_HINT = 16
 class _PackedWeight:
     """A weight matrix ``(out, in)`` and its copy packed by oneDNN for
     :meth:`GPT.make_fast_decode_step` (``pack_weights=True``), packed again when the weight is
-    changed in place or moved. Called with rows ``x`` ``(N, in)`` and a bias, it
+    changed in place (its ``_version``) or moved. Called with rows ``x`` ``(N, in)`` and a bias, it
     returns ``F.linear(x, weight, bias)`` up to rounding, or ``None`` where it cannot pack (not
     float32 on the CPU, no oneDNN, an inference-mode tensor, whose changes it cannot see)."""
 
@@ -660,10 +666,10 @@ class _PackedWeight:
 
     def can_pack(self) -> bool:
         """Whether the weight is float32 on the CPU, not an inference-mode tensor, and PyTorch
-        has oneDNN."""
+        has oneDNN, enabled."""
         w = self.weight
         return (w.device.type == "cpu" and w.dtype == torch.float32 and not w.is_inference()
-                and torch.backends.mkldnn.is_available()
+                and torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
                 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
     def current(self) -> Tensor | None:

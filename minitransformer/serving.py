@@ -23,7 +23,7 @@ matrix product, and batching prefills buys little.
 
 A GPT runs both through :meth:`~minitransformer.gpt.GPT.make_fast_decode_step`'s step with
 ``pack_weights=True``: its weights packed once, when the engine is made, in oneDNN's layout,
-which multiplied GPT-2 small's matrices by 3 to 16 rows in 0.5-0.7 of the time of the
+which multiplied GPT-2 small's matrices by 3 to 16 rows in 0.6-0.9 of the time of the
 unpacked blocks; one or two rows take the blocks of weight rows, which both threads share.
 That costs the weights once more in memory, and makes the first token equal to the one it gets
 alone up to float rounding rather than bit for bit. ``pack_weights=False`` prefills with

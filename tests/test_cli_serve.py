@@ -86,6 +86,24 @@ def test_without_the_serve_extra_it_says_what_to_install(capsys, model_dir, monk
     assert "pip install 'minitransformer[serve]'" in refused(capsys, "--model", model_dir)
 
 
+@pytest.mark.parametrize("flags, packed", [((), True), (("--no-pack-weights",), False)])
+def test_the_engine_packs_the_weights_unless_told_not_to(model_dir, monkeypatch, flags, packed):
+    import minitransformer.cli.serve as serve_module
+    import minitransformer.serving as serving
+
+    made, engine_class = [], serving.Engine
+
+    def recorded(*args, **kwargs):
+        made.append(kwargs)
+        return engine_class(*args, **kwargs)
+
+    monkeypatch.setattr(serving, "Engine", recorded)
+    monkeypatch.setattr(serve_module, "serve", lambda app, sock, uvicorn: None)  # no loop
+    assert main(["serve", "--model", str(model_dir), "--port", "0", "--device", "cpu",
+                 *flags]) == 0
+    assert [kwargs["pack_weights"] for kwargs in made] == [packed]
+
+
 class Served:
     """``python -m minitransformer serve`` in a subprocess, on a free port."""
 

@@ -5,15 +5,17 @@ order than ``F.linear``'s: the logits are those of the ordinary step (``make_dec
 bit for bit ``forward``) up to float32 rounding, and the greedy tokens are the same.
 
 "Within float32 rounding" is checked two ways on every decode step: (1) every logit is within
-``32 * eps`` of the ordinary step's, ``eps = torch.finfo(torch.float32).eps`` (1.2e-7) scaled by
-the largest logit's magnitude (measured: 0 to 4.7 eps, and 12.2 eps, packed 17.7 eps, for
-weights changed after the step was made, where the ordinary step is itself 11.3-13.3 eps from
-the exact logits: two roundings of that size differ by up to their sum); (2) against a float64
-copy of the model (the exact numbers, to float32's eyes), the fast step's largest error is at
-most twice the ordinary step's (measured: equal unpacked; packed 1.0-1.3 times).
+``16 * eps`` of the ordinary step's, ``eps = torch.finfo(torch.float32).eps`` (1.2e-7) scaled by
+the largest logit's magnitude (measured: 0 to 4.3 eps, and 12.2 eps for weights scaled by 3
+after the step was made, where the ordinary step is itself 13.3 eps from the exact logits);
+(2) against a float64 copy of the model (the exact numbers, to float32's eyes), the fast step's
+largest error is at most twice the ordinary step's (measured: equal).
 
 ``pack_weights=True`` (the serving engine's step) multiplies through a copy of the weights that
-oneDNN packed; its prefill is then within rounding too, no longer bit for bit.
+oneDNN packed; its prefill is then within rounding too, no longer bit for bit. Its bound (1) is
+``32 * eps``: it measured 17.7 eps from the ordinary step for weights changed after the step was
+made, where the packed and the ordinary step are 14.2 and 11.3 eps from the exact logits (two
+roundings of that size differ by up to their sum); (2) holds as it is (1.0-1.3 times).
 """
 
 from __future__ import annotations
@@ -74,9 +76,9 @@ def run(step, idx: torch.Tensor, num_layers: int, prefill: int = 8,
 
 
 def assert_within_float32_rounding(fast: torch.Tensor, ordinary: torch.Tensor,
-                                   exact: torch.Tensor) -> None:
+                                   exact: torch.Tensor, eps: int = 16) -> None:
     scale = exact.abs().max().item()
-    assert (fast - ordinary).abs().max().item() <= 32 * EPS * scale
+    assert (fast - ordinary).abs().max().item() <= eps * EPS * scale
     assert ((fast.double() - exact).abs().max()
             <= 2 * (ordinary.double() - exact).abs().max() + EPS * scale)
 
@@ -113,8 +115,10 @@ def test_the_heads_way_keeps_the_logits_within_rounding(monkeypatch, rows):
     assert_within_float32_rounding(fast[:, 8:], ordinary[:, 8:], exact[:, 8:])
 
 
-def test_a_padded_batch_takes_the_same_masks_and_positions():
-    """Chapter 18's left-padded batch: attention_mask and position_ids reach the fast step."""
+@pytest.mark.parametrize("pack_weights", [False, True])
+def test_a_padded_batch_takes_the_same_masks_and_positions(pack_weights):
+    """Chapter 18's left-padded batch: attention_mask and position_ids reach the fast step, the
+    packed prefill included."""
     model = model_of("gpt2-like")
     idx = prompt_of(model.config, rows=3, length=14)
     real = torch.ones(3, 14, dtype=torch.bool)
@@ -124,10 +128,10 @@ def test_a_padded_batch_takes_the_same_masks_and_positions():
                  "position_ids": torch.tensor([[12], [9], [7]])}    # given, not counted
     exact_model = copy.deepcopy(model).double()
     with torch.no_grad():
-        fast = run(model.make_fast_decode_step(), idx, 3, batch=batch)
+        fast = run(model.make_fast_decode_step(pack_weights=pack_weights), idx, 3, batch=batch)
         ordinary = run(model.make_decode_step(), idx, 3, batch=batch)
         exact = run(exact_model.make_decode_step(), idx, 3, batch=batch)
-    assert_within_float32_rounding(fast, ordinary, exact)
+    assert_within_float32_rounding(fast, ordinary, exact, eps=32 if pack_weights else 16)
 
 
 @pytest.mark.parametrize("large", [False, True], ids=["", "large"])
@@ -312,25 +316,30 @@ def test_the_courses_torch_has_onednn():
     assert hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+@pytest.mark.parametrize("prefill", [2, 8])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_packed_logits_are_within_float32_rounding_prefill_included(monkeypatch, name, rows):
-    """Packed products for the prefill (8 positions a row) and for decode steps of at least
-    PACKED_MIN_ROWS rows; one or two rows keep the blocks."""
+def test_packed_logits_are_within_float32_rounding_prefill_included(monkeypatch, name, rows,
+                                                                     prefill):
+    """Packed products for every product of at least PACKED_MIN_ROWS rows: a prefill's (rows
+    times its positions) and a decode step's (its rows); fewer keep the blocks."""
     packed = count_packed(monkeypatch)
     model = model_of(name)
     idx = prompt_of(model.config, rows=rows)
     exact_model = copy.deepcopy(model).double()
     layers = model.config.num_layers
     with torch.inference_mode():
-        fast = run(model.make_fast_decode_step(pack_weights=True), idx, layers)
-        ordinary = run(model.make_decode_step(), idx, layers)
-        exact = run(exact_model.make_decode_step(), idx, layers)
-    assert_within_float32_rounding(fast, ordinary, exact)
+        fast = run(model.make_fast_decode_step(pack_weights=True), idx, layers, prefill)
+        ordinary = run(model.make_decode_step(), idx, layers, prefill)
+        exact = run(exact_model.make_decode_step(), idx, layers, prefill)
+    assert_within_float32_rounding(fast, ordinary, exact, eps=32)
     assert torch.equal(fast.argmax(-1), ordinary.argmax(-1))
     per_step = 6 * layers + 1                                       # six matrices a block, head
-    steps = 1 + (idx.shape[1] - 8 if rows >= gpt_module.PACKED_MIN_ROWS else 0)
-    assert packed == [rows * 8] * per_step + [rows] * per_step * (steps - 1)
+    least = gpt_module.PACKED_MIN_ROWS
+    expected = [rows * prefill] * per_step if rows * prefill >= least else []
+    if rows >= least:
+        expected += [rows] * per_step * (idx.shape[1] - prefill)
+    assert packed == expected
 
 
 def test_packed_under_no_grad_too_and_unpacked_with_autograd(monkeypatch):
@@ -367,25 +376,67 @@ def test_the_packed_copy_follows_weights_changed_in_place_or_moved(monkeypatch):
         model.token_embedding.weight.add_(0.1)                      # and the tied head
         exact = run(copy.deepcopy(model).double().make_decode_step(), idx, 3)
         assert_within_float32_rounding(run(step, idx, 3), run(model.make_decode_step(), idx, 3),
-                                       exact)
+                                       exact, eps=32)
         packed.clear()
         model.double()
         assert (run(step, idx, 3) - exact).abs().max() < 1e-12
-    assert packed == []
+        assert packed == []
+        model.float()                                    # back: new tensors, packed again
+        assert_within_float32_rounding(run(step, idx, 3), run(model.make_decode_step(), idx, 3),
+                                       exact, eps=32)
+        assert packed
 
 
-@pytest.mark.parametrize("how", ["bfloat16", "inference tensors"])
+def test_a_weight_replaced_under_the_same_parameter_is_packed_again():
+    """``param.data = other`` keeps the Parameter (and its version counter) but not its memory:
+    the address tells, and the next call packs the new weight."""
+    model = model_of("gpt2-like")
+    step = model.make_fast_decode_step(pack_weights=True)
+    idx = prompt_of(model.config, rows=3)
+    with torch.no_grad():
+        run(step, idx, 3)
+        for layer in model.layers:
+            linear = layer.feed_forward.linear1
+            linear.weight.data = -2.0 * linear.weight.detach().clone()
+        model.load_state_dict({"norm.weight": 3 * model.norm.weight}, strict=False)
+        exact = run(copy.deepcopy(model).double().make_decode_step(), idx, 3)
+        assert_within_float32_rounding(run(step, idx, 3), run(model.make_decode_step(), idx, 3),
+                                       exact, eps=32)
+
+
+def test_a_change_that_bypasses_the_version_counter_needs_a_new_step():
+    """The limit the docstring states: through ``.data``, an in-place change is not counted, so
+    the old step keeps the old packed copy; a new step packs the weights as they are."""
+    model = model_of("gpt2-like")
+    step = model.make_fast_decode_step(pack_weights=True)
+    idx = prompt_of(model.config, rows=3)
+    with torch.no_grad():
+        before = run(step, idx, 3)
+        model.layers[0].feed_forward.linear1.weight.data.mul_(-1.0)     # not counted
+        ordinary = run(model.make_decode_step(), idx, 3)
+        assert torch.equal(run(step, idx, 3), before)               # stale, as documented
+        exact = run(copy.deepcopy(model).double().make_decode_step(), idx, 3)
+        assert_within_float32_rounding(run(model.make_fast_decode_step(pack_weights=True),
+                                           idx, 3), ordinary, exact, eps=32)
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")  # flags() says it
+@pytest.mark.parametrize("how", ["bfloat16", "inference tensors", "oneDNN disabled"])
 def test_weights_it_cannot_pack_take_the_unpacked_step(monkeypatch, how):
-    """bfloat16 weights, and weights made under inference_mode (whose changes the version
-    counter does not see): the unpacked fast step, bit for bit."""
+    """bfloat16 weights, weights made under inference_mode (which have no version counter),
+    and oneDNN turned off (``torch.backends.mkldnn.flags(enabled=False)``): the unpacked fast
+    step, bit for bit."""
     packed = count_packed(monkeypatch)
     if how == "bfloat16":
         model = model_of("gpt2-like", dtype=torch.bfloat16)
-    else:
+    elif how == "inference tensors":
         with torch.inference_mode():
             model = model_of("gpt2-like")
+    else:
+        model = model_of("gpt2-like")
     idx = prompt_of(model.config, rows=3)
-    with torch.inference_mode():
+    with torch.inference_mode(), torch.backends.mkldnn.flags(
+            enabled=how != "oneDNN disabled"):
         got = run(model.make_fast_decode_step(pack_weights=True), idx, 3)
         assert torch.equal(got, run(model.make_fast_decode_step(), idx, 3))
     assert packed == []

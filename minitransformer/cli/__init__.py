@@ -224,6 +224,8 @@ def build_parser() -> Parser:
         "16)")
     add("--kv-blocks", type=positive, default=256, help="blocks of 16 tokens in the KV "
         "cache's pool (default 256)")
+    add("--no-pack-weights", action="store_true", help="do not keep a GPT's weights also "
+        "packed for the CPU's matrix products (half the memory, slower batches)")
     add("--device", help="default: minitransformer.default_device()")
     add("--threads", type=positive, help="CPU threads (default: OMP_NUM_THREADS, else the "
         "cores idle now)")

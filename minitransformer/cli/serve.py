@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads(args.threads)[0])
         model, tokenizer = load(folder, where)
         engine = Engine(model.eval(), tokenizer, max_batch=args.max_batch,
-                        kv_blocks=args.kv_blocks)
+                        kv_blocks=args.kv_blocks, pack_weights=not args.no_pack_weights)
         name = args.name or folder.resolve().name
         app = create_app(engine, tokenizer, model_name=name)
         host, port = sock.getsockname()[:2]

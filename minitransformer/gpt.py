@@ -369,7 +369,7 @@ class GPT(nn.Module):
         ``pack_weights=True`` (a serving engine's choice, chapter 18) also keeps a copy of
         every weight matrix in the layout that oneDNN, PyTorch's CPU kernel library, packs a
         matrix into for its products, made once, here, instead of at every call. Products of
-        :data:`PACKED_MIN_ROWS` rows or more then read that copy: the prefill too, and a
+        ``PACKED_MIN_ROWS`` (3) rows or more then read that copy: the prefill too, and a
         batch's decode step; one or two rows keep the blocks, which read faster.
         ``benchmarks/packed_weights.py`` times the products of GPT-2 small's matrices each way
         (on the course's CPU, 2 threads: the packed copy took 0.6-0.9 of the blocks' time at 3

@@ -362,9 +362,9 @@ class GPT(nn.Module):
         The step follows the model exactly as :meth:`make_decode_step`'s does (the same
         weight tensors, so a weight changed in place, by an optimizer or ``load_state_dict``,
         or moved by ``.to()``, is seen); a call with several new tokens per row (the prompt's
-        prefill) is that step's, bit for bit; and a model it cannot follow gets ``forward``
-        itself. Gradients flow through it as through ``forward``. Arguments and result are
-        those of :meth:`make_decode_step`'s step.
+        prefill) is that step's, bit for bit (unless ``pack_weights``); and a model it cannot
+        follow gets ``forward`` itself. Gradients flow through it as through ``forward``.
+        Arguments and result are those of :meth:`make_decode_step`'s step.
 
         ``pack_weights=True`` (a serving engine's choice, chapter 18) also keeps a copy of
         every weight matrix in the layout that oneDNN, PyTorch's CPU kernel library, packs a
@@ -375,7 +375,7 @@ class GPT(nn.Module):
         (on the course's CPU, 2 threads: the packed copy took 0.6-0.9 of the blocks' time at 3
         to 16 rows, and the head 0.44 of ``F.linear``'s at 64 prompt positions), and
         ``benchmarks/serving.py`` the engine that runs this step (16 requests of GPT-2 small's
-        shape at 3.6 times the tokens per second of this step running them one after
+        shape at 3.6-3.7 times the tokens per second of this step running them one after
         another). The prefill is no longer ``forward`` bit for bit, only within float32
         rounding.
 

@@ -639,7 +639,8 @@ FAST_LARGE_NUMEL = 2 ** 24
 FAST_LARGE_PIECES = 32
 FAST_LARGE_FEW_ROWS = 4
 # with pack_weights, products of at least this many rows read the packed copy: at three rows
-# the packed fc1 of GPT-2 small took 0.41 against the blocks' 0.66 ms, at two 0.49 against 0.29
+# GPT-2 small's first feed-forward matrix took 0.46 ms packed against the blocks' 0.74, at two
+# 0.55 against 0.38 (benchmarks/packed_weights.py)
 PACKED_MIN_ROWS = 3
 # the batch size oneDNN is told when it packs (its layout's hint): packed for 4, 16 or 64
 # rows, the products of 4 to 128 rows ran alike

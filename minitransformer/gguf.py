@@ -1,0 +1,347 @@
+"""GGUF, the one-file model format of llama.cpp, read and written from its specification.
+
+A GGUF file is, in order (all numbers little-endian):
+
+* a header: the magic ``b"GGUF"``, a ``uint32`` version (3; 2 has the same layout), the
+  ``uint64`` number of tensors and the ``uint64`` number of metadata entries;
+* the metadata: for each entry a string key, a ``uint32`` value type and the value. A string
+  is a ``uint64`` byte length and that many bytes of UTF-8; an array is a ``uint32`` element
+  type, a ``uint64`` length and the elements;
+* one record per tensor: its name, a ``uint32`` number of dimensions, the dimensions as
+  ``uint64`` (the fastest-varying first: the reverse of PyTorch's order), a ``uint32`` GGML
+  type and a ``uint64`` offset into the data section;
+* zero bytes up to a multiple of ``general.alignment`` (32 when the key is absent), then the
+  data section, where every tensor starts at a multiple of the alignment.
+
+A tensor is stored in blocks: each GGML type packs ``block_size`` numbers into ``type_size``
+bytes. :class:`GGUFFile` reads the header and maps the data, so a tensor's bytes are read
+only when :meth:`GGUFFile.tensor` dequantises it; :func:`write_gguf` writes a file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# Metadata value types: id -> (name, struct format of a scalar; None for string and array).
+VALUE_TYPES = {
+    0: ("uint8", "<B"), 1: ("int8", "<b"), 2: ("uint16", "<H"), 3: ("int16", "<h"),
+    4: ("uint32", "<I"), 5: ("int32", "<i"), 6: ("float32", "<f"), 7: ("bool", "<?"),
+    8: ("string", None), 9: ("array", None), 10: ("uint64", "<Q"), 11: ("int64", "<q"),
+    12: ("float64", "<d"),
+}
+_VALUE_TYPE_IDS = {name: i for i, (name, _) in VALUE_TYPES.items()}
+_NUMPY_OF = {"uint8": "<u1", "int8": "<i1", "uint16": "<u2", "int16": "<i2", "uint32": "<u4",
+             "int32": "<i4", "float32": "<f4", "uint64": "<u8", "int64": "<i8",
+             "float64": "<f8"}
+
+
+class GGMLType(NamedTuple):
+    """A tensor type of GGML: ``block_size`` numbers stored in ``type_size`` bytes."""
+
+    name: str
+    block_size: int
+    type_size: int
+
+
+# Every GGML type by its id, with its block layout (ids 4, 5 and 31-33, 36-38 are retired).
+GGML_TYPES = {i: GGMLType(name, block, size) for i, (name, block, size) in {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+}.items()}
+_GGML_TYPE_IDS = {t.name: i for i, t in GGML_TYPES.items()}
+DEQUANTIZED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")   # what dequantize() reads
+WRITTEN = ("F32", "F16", "BF16", "Q8_0")                        # what write_gguf() stores
+_MAX_DIMS = 4                                                   # GGML's tensors have 1 to 4
+
+
+class GGUFTensor(NamedTuple):
+    """Where a tensor lies in a GGUF file: ``shape`` in PyTorch's order, ``type`` the GGML
+    type's name (``"Q4_1"``), ``offset`` its first byte counted from the start of the file,
+    ``nbytes`` its size in the file."""
+
+    name: str
+    shape: tuple[int, ...]
+    type: str
+    offset: int
+    nbytes: int
+
+
+class _Cursor:
+    """Reads the header's numbers and strings one after another, refusing to run past the end."""
+
+    def __init__(self, data: np.ndarray, source: str):
+        self.buffer, self.position, self.source = memoryview(data), 0, source
+
+    def take(self, size: int, what: str) -> int:
+        start = self.position
+        if size < 0 or start + size > len(self.buffer):
+            raise ValueError(f"{self.source} ends inside {what} (at byte {start}, "
+                             f"{size} bytes needed, {len(self.buffer) - start} left): "
+                             f"truncated or not a GGUF file")
+        self.position += size
+        return start
+
+    def scalar(self, fmt: str, what: str):
+        return struct.unpack_from(fmt, self.buffer, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        size = self.scalar("<Q", what)
+        start = self.take(size, what)
+        try:
+            return str(self.buffer[start:start + size], "utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{self.source}: {what} is not UTF-8 text") from None
+
+    def value(self, type_id: int, what: str):
+        """A metadata value of type ``type_id``; returns ``(value, type name)``."""
+        if type_id not in VALUE_TYPES:
+            raise ValueError(f"{self.source}: {what} has the unknown value type {type_id}")
+        name, fmt = VALUE_TYPES[type_id]
+        if fmt is not None:
+            value = self.scalar(fmt, what)
+            if name == "bool" and self.buffer[self.position - 1] > 1:
+                raise ValueError(f"{self.source}: {what} is a bool stored as "
+                                 f"{self.buffer[self.position - 1]}, not 0 or 1")
+            return value, name
+        if name == "string":
+            return self.string(what), name
+        item_type, count = self.scalar("<I", what), self.scalar("<Q", what)
+        if item_type not in VALUE_TYPES:
+            raise ValueError(f"{self.source}: {what} is an array of the unknown value type "
+                             f"{item_type}")
+        item_name, item_fmt = VALUE_TYPES[item_type]
+        if item_fmt is not None and item_name != "bool":    # numbers: one read for them all
+            size = struct.calcsize(item_fmt)
+            start = self.take(count * size, what)
+            items = np.frombuffer(self.buffer, _NUMPY_OF[item_name], count, start)
+            return items.tolist(), f"array[{item_name}]"
+        if count > len(self.buffer) - self.position:        # each element is at least a byte
+            raise ValueError(f"{self.source}: {what} claims {count} elements, more than the "
+                             f"file's bytes: truncated or not a GGUF file")
+        items, kind = [], f"array[{item_name}]"
+        for _ in range(count):
+            item, kind_of_item = self.value(item_type, what)
+            items.append(item)
+            kind = f"array[{kind_of_item}]"
+        return items, kind
+
+
+class GGUFFile:
+    """A GGUF file, its header read and its data memory-mapped.
+
+    Attributes:
+        path: the file.
+        version: the format version (2 or 3).
+        alignment: the data section's alignment in bytes (``general.alignment``, else 32).
+        metadata: each key's value as Python's ``str``, ``int``, ``float``, ``bool`` or
+            ``list`` (of those, or of lists), in the file's order.
+        metadata_types: each key's value type as the specification names it: ``"uint32"``,
+            ``"string"``, ``"array[string]"``, ``"array[array[int32]]"``.
+        tensors: each tensor's :class:`GGUFTensor`, in the file's order.
+
+    Raises:
+        TypeError: ``path`` is not a str or path.
+        FileNotFoundError: no such file.
+        ValueError: not a GGUF file (the first bytes say what it is not), a version other
+            than 2 or 3, a truncated header, a key or tensor stored twice, an unknown value or
+            tensor type, an alignment that is not a power of two, or a tensor whose data
+            lies outside the file or off the alignment; the message names the file and the
+            key or tensor.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path} does not exist" if not self.path.exists()
+                                    else f"{self.path} is not a file")
+        source = str(self.path)
+        size = self.path.stat().st_size
+        if size < 24:                               # magic, version and the two counts
+            raise ValueError(f"{source} is not a GGUF file: {size} bytes, fewer than a "
+                             f"header's 24")
+        self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        cursor = _Cursor(self._data, source)
+        magic = bytes(self._data[:4])
+        if magic != MAGIC:
+            raise ValueError(f"{source} is not a GGUF file: it starts with {magic!r}, not "
+                             f"{MAGIC!r}")
+        cursor.take(4, "the magic")
+        self.version = cursor.scalar("<I", "the version")
+        if self.version not in (2, 3):
+            big_endian = self.version & 0xFFFF == 0 and (self.version >> 24) in (2, 3)
+            raise ValueError(f"{source} is GGUF version {self.version}" + (
+                " read little-endian: a big-endian file, which this reader does not read"
+                if big_endian else ", not 2 or 3 (the versions this reader reads)"))
+        tensor_count = cursor.scalar("<Q", "the tensor count")
+        key_count = cursor.scalar("<Q", "the metadata count")
+        for count, what in ((tensor_count, "tensors"), (key_count, "metadata entries")):
+            if count > size:                        # each takes more than a byte
+                raise ValueError(f"{source} claims {count} {what} in {size} bytes: "
+                                 f"not a GGUF file")
+        self.metadata: dict[str, object] = {}
+        self.metadata_types: dict[str, str] = {}
+        for _ in range(key_count):
+            key = cursor.string("a metadata key")
+            if key in self.metadata:
+                raise ValueError(f"{source} holds the metadata key {key!r} twice")
+            value, kind = cursor.value(cursor.scalar("<I", f"the type of {key}"), key)
+            self.metadata[key], self.metadata_types[key] = value, kind
+        self.alignment = self._alignment(source)
+        records = [self._tensor_record(cursor, source) for _ in range(tensor_count)]
+        start = -(-cursor.position // self.alignment) * self.alignment
+        self.tensors: dict[str, GGUFTensor] = {}
+        for name, shape, type_id, offset in records:
+            self.tensors[name] = self._locate(name, shape, type_id, start + offset, start,
+                                              size, source)
+
+    def _alignment(self, source: str) -> int:
+        if "general.alignment" not in self.metadata:
+            return DEFAULT_ALIGNMENT
+        value, kind = self.metadata["general.alignment"], self.metadata_types["general.alignment"]
+        if kind != "uint32" or value < 1 or value & (value - 1):
+            raise ValueError(f"{source}: general.alignment must be a uint32 power of two, got "
+                             f"{kind} {value!r}")
+        return value
+
+    def _tensor_record(self, cursor: _Cursor, source: str) -> tuple:
+        name = cursor.string("a tensor name")
+        ndim = cursor.scalar("<I", f"the dimensions of {name}")
+        if not 1 <= ndim <= _MAX_DIMS:
+            raise ValueError(f"{source}: tensor {name!r} has {ndim} dimensions, not 1 to "
+                             f"{_MAX_DIMS}")
+        dims = [cursor.scalar("<Q", f"the shape of {name}") for _ in range(ndim)]
+        type_id = cursor.scalar("<I", f"the type of {name}")
+        return name, tuple(reversed(dims)), type_id, cursor.scalar("<Q", f"the offset of {name}")
+
+    def _locate(self, name: str, shape: tuple[int, ...], type_id: int, offset: int,
+                start: int, size: int, source: str) -> GGUFTensor:
+        if name in self.tensors:
+            raise ValueError(f"{source} holds the tensor {name!r} twice")
+        if type_id not in GGML_TYPES:
+            raise ValueError(f"{source}: tensor {name!r} has the unknown GGML type {type_id}")
+        kind = GGML_TYPES[type_id]
+        if shape[-1] % kind.block_size:
+            raise ValueError(f"{source}: tensor {name!r} of shape {shape} is {kind.name}, whose "
+                             f"rows come in blocks of {kind.block_size} values")
+        nbytes = math.prod(shape) // kind.block_size * kind.type_size
+        if (offset - start) % self.alignment or offset + nbytes > size:
+            raise ValueError(f"{source}: tensor {name!r} ({nbytes} bytes at data offset "
+                             f"{offset - start}) is not aligned to {self.alignment} or runs "
+                             f"past the end of the file ({size} bytes)")
+        return GGUFTensor(name, shape, kind.name, offset, nbytes)
+
+    def __repr__(self) -> str:
+        return (f"GGUFFile({str(self.path)!r}: version {self.version}, "
+                f"{len(self.metadata)} metadata keys, {len(self.tensors)} tensors)")
+
+    def _info(self, name: object) -> GGUFTensor:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        if name not in self.tensors:
+            raise ValueError(f"{self.path} has no tensor {name!r}")
+        return self.tensors[name]
+
+    def raw(self, name: str) -> np.ndarray:
+        """The bytes of tensor ``name`` as stored (a read-only ``uint8`` view of the file)."""
+        info = self._info(name)
+        return self._data[info.offset:info.offset + info.nbytes]
+
+    def tensor(self, name: str) -> Tensor:
+        """Tensor ``name`` dequantised to a new float32 tensor of its PyTorch shape.
+
+        Raises:
+            TypeError: ``name`` is not a str.
+            ValueError: no such tensor, or one of a type :func:`dequantize` does not read
+                (naming the type).
+        """
+        info = self._info(name)
+        if info.type not in DEQUANTIZED:
+            raise ValueError(f"{self.path}: tensor {name!r} is stored as {info.type}, which "
+                             f"this reader does not dequantise ({', '.join(DEQUANTIZED)} only)")
+        return torch.from_numpy(dequantize(self.raw(name), info.type).reshape(info.shape))
+
+
+# --- dequantisation: each type's block layout -------------------------------------------------
+
+_CHUNK = 1 << 14    # blocks per step: the temporaries stay in the CPU's cache
+
+
+def _blocks(raw: np.ndarray, kind: GGMLType) -> np.ndarray:
+    """``raw`` as ``(n_blocks, type_size)`` bytes."""
+    return raw.reshape(-1, kind.type_size)
+
+
+def _f16(column: np.ndarray) -> np.ndarray:
+    """Two bytes per row as a float16 scale, widened to a ``(n, 1)`` float32 column."""
+    return np.ascontiguousarray(column).view(np.float16).astype(np.float32)
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """16 bytes per row as 32 numbers 0-15: the low nibbles are values 0-15, the high 16-31."""
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=1)
+
+
+def _dequantize_blocks(blocks: np.ndarray, kind: str, out: np.ndarray) -> None:
+    """One chunk of blocks into ``out`` ``(n, 32)`` float32."""
+    if kind == "Q8_0":              # float16 d, 32 int8 q: d q
+        np.multiply(blocks[:, 2:].view(np.int8), _f16(blocks[:, :2]), out=out)
+    elif kind == "Q4_0":            # float16 d, 16 bytes of 4-bit q: d (q - 8)
+        q = _nibbles(blocks[:, 2:]).view(np.int8) - np.int8(8)
+        np.multiply(_f16(blocks[:, :2]), q, out=out)
+    else:                           # Q4_1: float16 d, float16 m, 16 bytes of 4-bit q: d q + m
+        np.multiply(_f16(blocks[:, :2]), _nibbles(blocks[:, 4:]), out=out)
+        np.add(out, _f16(blocks[:, 2:4]), out=out)
+
+
+def dequantize(raw: np.ndarray, ggml_type: str) -> np.ndarray:
+    """The float32 numbers that ``raw``, a tensor's bytes in GGML type ``ggml_type``, stores,
+    flat, in the file's order (equal bit for bit to what llama.cpp's ``gguf`` package reads).
+
+    Raises:
+        TypeError: ``raw`` is not a ``uint8`` array.
+        ValueError: a type other than F32, F16, BF16, Q8_0, Q4_0 or Q4_1 (naming it), or a
+            byte count that is not a whole number of blocks.
+    """
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8:
+        raise TypeError(f"raw must be a numpy array of uint8, got "
+                        f"{getattr(raw, 'dtype', type(raw).__name__)}")
+    if ggml_type not in DEQUANTIZED:
+        raise ValueError(f"cannot dequantise GGML type {ggml_type!r} "
+                         f"({', '.join(DEQUANTIZED)} only)")
+    kind = GGML_TYPES[_GGML_TYPE_IDS[ggml_type]]
+    raw = raw.reshape(-1)
+    if raw.size % kind.type_size:
+        raise ValueError(f"{raw.size} bytes are not a whole number of {ggml_type} blocks of "
+                         f"{kind.type_size} bytes")
+    if ggml_type == "F32":
+        return raw.view("<f4").astype(np.float32)
+    if ggml_type == "F16":
+        return raw.view("<f2").astype(np.float32)
+    if ggml_type == "BF16":         # the high half of a float32
+        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    blocks = _blocks(raw, kind)
+    out = np.empty((len(blocks), kind.block_size), np.float32)
+    for i in range(0, len(blocks), _CHUNK):
+        _dequantize_blocks(blocks[i:i + _CHUNK], ggml_type, out[i:i + _CHUNK])
+    return out.reshape(-1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -342,6 +343,192 @@ def dequantize(raw: np.ndarray, ggml_type: str) -> np.ndarray:
         return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
     blocks = _blocks(raw, kind)
     out = np.empty((len(blocks), kind.block_size), np.float32)
-    for i in range(0, len(blocks), _CHUNK):
-        _dequantize_blocks(blocks[i:i + _CHUNK], ggml_type, out[i:i + _CHUNK])
+    with np.errstate(invalid="ignore"):         # an inf scale times 0 is nan, as in llama.cpp
+        for i in range(0, len(blocks), _CHUNK):
+            _dequantize_blocks(blocks[i:i + _CHUNK], ggml_type, out[i:i + _CHUNK])
     return out.reshape(-1)
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def _quantize_q8_0(values: np.ndarray) -> np.ndarray:
+    """float32 values (a multiple of 32) as Q8_0 blocks: per 32 values a float16 scale
+    ``d = max|x| / 127`` and the 32 int8 ``round(x / d)``, halves rounded away from zero, as
+    llama.cpp rounds them."""
+    blocks = values.reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d == 0, np.float32(0), np.float32(1) / d)
+    scaled = np.abs(blocks * inverse)
+    whole = np.floor(scaled)
+    q = np.copysign(whole + (scaled - whole >= 0.5), blocks * inverse)
+    return np.concatenate([d.astype("<f2").view(np.uint8),
+                           q.astype(np.int8).view(np.uint8)], axis=1).reshape(-1)
+
+
+def _tensor_bytes(name: str, tensor: Tensor, ggml_type: str) -> np.ndarray:
+    """A tensor's bytes in ``ggml_type``, flat, in the file's order."""
+    values = tensor.detach().to("cpu").contiguous()
+    if ggml_type == "BF16":
+        return values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint8).reshape(-1)
+    if ggml_type == "F16":
+        return values.to(torch.float16).numpy().astype("<f2").view(np.uint8).reshape(-1)
+    values = values.to(torch.float32).numpy().astype("<f4")
+    if ggml_type == "F32":
+        return values.view(np.uint8).reshape(-1)
+    if not np.isfinite(values).all():
+        raise ValueError(f"tensor {name!r} holds inf or nan, which Q8_0 cannot store")
+    return _quantize_q8_0(values)
+
+
+def _infer_type(value: object, key: str) -> str:
+    """The value type :func:`write_gguf` gives a value when ``types`` names none."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int32" if -2**31 <= value < 2**31 else "int64" if -2**63 <= value < 2**63 \
+            else "uint64"
+    if isinstance(value, float):
+        return "float32"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        kinds = {_infer_type(item, key) for item in value}
+        if kinds <= {"int32", "int64", "uint64", "float32"} and "float32" in kinds:
+            kinds = {"float32"}
+        for wide in ("uint64", "int64"):
+            if wide in kinds and kinds <= {"int32", "int64", "uint64"}:
+                kinds = {wide}
+        if len(kinds) > 1:
+            raise ValueError(f"metadata {key!r} mixes {sorted(kinds)} in one array: pass its "
+                             f"type in types=")
+        return f"array[{kinds.pop() if kinds else 'int32'}]"
+    raise TypeError(f"metadata {key!r} must be a bool, int, float, str or list, got "
+                    f"{type(value).__name__}")
+
+
+def _encode_string(text: str) -> bytes:
+    data = text.encode("utf-8")
+    return struct.pack("<Q", len(data)) + data
+
+
+def _encode(value: object, kind: str, key: str) -> bytes:
+    """A metadata value of type ``kind`` as the file stores it (without the type id)."""
+    if kind.startswith("array[") and kind.endswith("]"):
+        item = kind[6:-1]
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"metadata {key!r} is an {kind}, but its value is a "
+                            f"{type(value).__name__}")
+        head = struct.pack("<IQ", _type_id(item.split("[")[0], key), len(value))
+        return head + b"".join(_encode(v, item, key) for v in value)
+    _type_id(kind, key)
+    if kind == "string":
+        if not isinstance(value, str):
+            raise TypeError(f"metadata {key!r} is a string, got {type(value).__name__}")
+        return _encode_string(value)
+    if kind == "bool" and not isinstance(value, bool):
+        raise TypeError(f"metadata {key!r} is a bool, got {type(value).__name__}")
+    if kind.startswith(("int", "uint")) and (isinstance(value, bool)
+                                             or not isinstance(value, int)):
+        raise TypeError(f"metadata {key!r} is a {kind}, got {type(value).__name__}")
+    if kind.startswith("float") and (isinstance(value, bool)
+                                     or not isinstance(value, (int, float))):
+        raise TypeError(f"metadata {key!r} is a {kind}, got {type(value).__name__}")
+    try:
+        return struct.pack(VALUE_TYPES[_VALUE_TYPE_IDS[kind]][1], value)
+    except (struct.error, OverflowError):
+        raise ValueError(f"metadata {key!r}: {value!r} does not fit a {kind}") from None
+
+
+def _type_id(kind: str, key: str) -> int:
+    if kind not in _VALUE_TYPE_IDS:
+        raise ValueError(f"metadata {key!r}: unknown value type {kind!r} (one of "
+                         f"{', '.join(_VALUE_TYPE_IDS)}, or array[...] of one)")
+    return _VALUE_TYPE_IDS[kind]
+
+
+def _tensor_entry(name: object, entry: object) -> tuple[str, Tensor, str]:
+    """``(name, tensor, GGML type)`` of one of :func:`write_gguf`'s tensors."""
+    if not isinstance(name, str):
+        raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+    tensor, kind = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, None)
+    if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
+        raise TypeError(f"tensor {name!r} must be a floating torch tensor or a pair (tensor, "
+                        f"GGML type), got {type(tensor).__name__}")
+    if kind is None:
+        kind = {torch.float32: "F32", torch.float16: "F16",
+                torch.bfloat16: "BF16"}.get(tensor.dtype)
+        if kind is None:
+            raise ValueError(f"tensor {name!r} is {tensor.dtype}: pass (tensor, type) with a "
+                             f"type of {', '.join(WRITTEN)}")
+    if kind not in WRITTEN:
+        raise ValueError(f"tensor {name!r}: cannot write GGML type {kind!r} "
+                         f"({', '.join(WRITTEN)} only)")
+    if not 1 <= tensor.dim() <= _MAX_DIMS:
+        raise ValueError(f"tensor {name!r} has {tensor.dim()} dimensions, not 1 to {_MAX_DIMS}")
+    block = GGML_TYPES[_GGML_TYPE_IDS[kind]].block_size
+    if tensor.shape[-1] % block:
+        raise ValueError(f"tensor {name!r} of shape {tuple(tensor.shape)}: {kind} needs a last "
+                         f"dimension that is a multiple of {block}")
+    return name, tensor, kind
+
+
+def write_gguf(path: str | os.PathLike, metadata: Mapping[str, object],
+               tensors: Mapping[str, Tensor | tuple[Tensor, str]], *,
+               types: Mapping[str, str] | None = None, alignment: int | None = None) -> None:
+    """Write a GGUF version 3 file that :class:`GGUFFile` (and llama.cpp) reads.
+
+    Args:
+        path: the file; written under ``path + ".partial"`` and then renamed, so a reader
+            never meets half a file.
+        metadata: key -> value (``bool``, ``int``, ``float``, ``str`` or a list of them).
+        tensors: name -> tensor, stored in its dtype (F32, F16 or BF16), or name ->
+            ``(tensor, type)`` with a type of :data:`WRITTEN` (``"Q8_0"`` quantises).
+        types: a key's value type as :attr:`GGUFFile.metadata_types` names it; a key left out
+            gets ``bool``, ``int32`` (``int64`` when it does not fit), ``float32``, ``string``
+            or ``array[...]`` of one of those.
+        alignment: the data's alignment in bytes; ``None`` takes ``general.alignment`` from
+            ``metadata``, else 32. Another value than 32 is written as ``general.alignment``.
+
+    Raises:
+        TypeError, ValueError: a value that is not of its type or does not fit it, an unknown
+            type, a tensor that is not floating or not of 1 to 4 dimensions, a quantised
+            tensor whose rows are not whole blocks, an alignment that is not a power of two.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    types = dict(types or {})
+    metadata = dict(metadata)
+    if alignment is None:
+        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    elif metadata.get("general.alignment", alignment) != alignment:
+        raise ValueError(f"alignment={alignment} but metadata's general.alignment is "
+                         f"{metadata['general.alignment']}")
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1 \
+            or alignment & (alignment - 1):
+        raise ValueError(f"alignment must be a power of two, got {alignment!r}")
+    if alignment != DEFAULT_ALIGNMENT or "general.alignment" in metadata:
+        metadata["general.alignment"], types["general.alignment"] = alignment, "uint32"
+    entries = [_tensor_entry(name, entry) for name, entry in tensors.items()]
+
+    header = bytearray(MAGIC + struct.pack("<IQQ", 3, len(entries), len(metadata)))
+    for key, value in metadata.items():
+        if not isinstance(key, str):
+            raise TypeError(f"metadata keys must be str, got {type(key).__name__}")
+        kind = types.get(key) or _infer_type(value, key)
+        header += _encode_string(key) + struct.pack("<I", _type_id(kind.split("[")[0], key))
+        header += _encode(value, kind, key)
+    datas, offset = [], 0
+    for name, tensor, kind in entries:
+        data = _tensor_bytes(name, tensor, kind)
+        header += _encode_string(name) + struct.pack("<I", tensor.dim())
+        header += struct.pack(f"<{tensor.dim()}Q", *reversed(tensor.shape))
+        header += struct.pack("<IQ", _GGML_TYPE_IDS[kind], offset)
+        datas.append(data)
+        offset += -(-data.size // alignment) * alignment
+    partial = Path(f"{os.fspath(path)}.partial")
+    with open(partial, "wb") as file:
+        file.write(header + bytes(-len(header) % alignment))
+        for data in datas:
+            file.write(data.tobytes() + bytes(-data.size % alignment))
+    os.replace(partial, path)

@@ -532,3 +532,169 @@ def write_gguf(path: str | os.PathLike, metadata: Mapping[str, object],
         for data in datas:
             file.write(data.tobytes() + bytes(-data.size % alignment))
     os.replace(partial, path)
+
+
+# --- a Llama from a GGUF file ----------------------------------------------------------------
+
+class GGUFName(NamedTuple):
+    """One row of a GGUF name table: our tensor, llama.cpp's, and the sizes its dimensions
+    are (as the short names of the ``llama.*`` metadata keys, for the messages). ``unpermute``
+    names the head count whose rows llama.cpp's converter interleaved (queries and keys)."""
+
+    ours: str
+    theirs: str
+    sizes: tuple[str, ...]
+    unpermute: str | None = None
+
+
+# llama.cpp's name for each of our Llama tensors; "{i}" is a layer. The head's row is used only
+# when the file has an ``output.weight`` (else the head is tied to the embedding).
+LLAMA_GGUF_NAMES = (
+    GGUFName("token_embedding.weight", "token_embd.weight", ("vocab_size", "embedding_length")),
+    GGUFName("layers.{i}.norm1.weight", "blk.{i}.attn_norm.weight", ("embedding_length",)),
+    GGUFName("layers.{i}.self_attn.q_proj.weight", "blk.{i}.attn_q.weight",
+             ("embedding_length", "embedding_length"), "num_heads"),
+    GGUFName("layers.{i}.self_attn.k_proj.weight", "blk.{i}.attn_k.weight",
+             ("attention.head_count_kv", "embedding_length"), "num_kv_heads"),
+    GGUFName("layers.{i}.self_attn.v_proj.weight", "blk.{i}.attn_v.weight",
+             ("attention.head_count_kv", "embedding_length")),
+    GGUFName("layers.{i}.self_attn.out_proj.weight", "blk.{i}.attn_output.weight",
+             ("embedding_length", "embedding_length")),
+    GGUFName("layers.{i}.norm2.weight", "blk.{i}.ffn_norm.weight", ("embedding_length",)),
+    GGUFName("layers.{i}.feed_forward.gate_proj.weight", "blk.{i}.ffn_gate.weight",
+             ("feed_forward_length", "embedding_length")),
+    GGUFName("layers.{i}.feed_forward.up_proj.weight", "blk.{i}.ffn_up.weight",
+             ("feed_forward_length", "embedding_length")),
+    GGUFName("layers.{i}.feed_forward.down_proj.weight", "blk.{i}.ffn_down.weight",
+             ("embedding_length", "feed_forward_length")),
+    GGUFName("norm.weight", "output_norm.weight", ("embedding_length",)),
+    GGUFName("head.weight", "output.weight", ("vocab_size", "embedding_length")),
+)
+
+
+def unpermute_rows(weight: Tensor, num_heads: int) -> Tensor:
+    """Undo llama.cpp's converter on a query or key weight ``(num_heads * d_head, d_model)``:
+    within each head it stored the rows of the two rotate-half halves interleaved (row ``j``
+    of the first half, row ``j`` of the second, ...), Meta's order; this puts each head's halves
+    back one after the other, the order :func:`~minitransformer.rotary.apply_rotary` turns.
+    Chapter 14's permutation for Meta's checkpoints."""
+    rows, d_model = weight.shape
+    d_head = rows // num_heads
+    return (weight.view(num_heads, d_head // 2, 2, d_model).transpose(1, 2)
+            .reshape(rows, d_model))
+
+
+def llama_config(file: GGUFFile):
+    """The :class:`~minitransformer.llama.LlamaConfig` that a GGUF file's ``llama.*`` metadata
+    describes (``llama.vocab_size`` absent: the tokenizer's or the embedding's size; no
+    ``output.weight``: the head is tied to the embedding).
+
+    Raises:
+        ValueError: another ``general.architecture``, a size missing or not a positive int, or
+            a feature :class:`~minitransformer.llama.Llama` does not have (RoPE scaling,
+            experts, per-layer head counts, a key or value width other than ``d_model /
+            head_count``), naming the key.
+    """
+    from minitransformer.llama import LlamaConfig
+
+    meta, source = file.metadata, str(file.path)
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{source}: general.architecture is {arch!r}, not 'llama', the one "
+                         f"architecture Llama.from_gguf reads")
+
+    def size(key: str, default: int | None = None) -> int:
+        value = meta.get(f"llama.{key}", default)
+        if value is None:
+            raise ValueError(f"{source} has no metadata llama.{key}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{source}: llama.{key} must be a positive int, got {value!r}")
+        return value
+
+    heads, d_model = size("attention.head_count"), size("embedding_length")
+    kv_heads = size("attention.head_count_kv", heads)
+    if d_model % heads or heads % kv_heads:
+        raise ValueError(f"{source}: llama.attention.head_count={heads} must divide "
+                         f"llama.embedding_length={d_model}, and "
+                         f"llama.attention.head_count_kv={kv_heads} must divide it")
+    head_dim = d_model // heads
+    for key in ("rope.dimension_count", "attention.key_length", "attention.value_length"):
+        if meta.get(f"llama.{key}", head_dim) != head_dim:
+            raise ValueError(f"{source}: llama.{key} is {meta[f'llama.{key}']}, not "
+                             f"embedding_length / head_count = {head_dim}, which Llama "
+                             f"cannot express")
+    scaling = meta.get("llama.rope.scaling.type", "none")
+    if scaling != "none" or meta.get("llama.expert_count", 0):
+        key = "rope.scaling.type" if scaling != "none" else "expert_count"
+        raise ValueError(f"{source}: llama.{key} is {meta[f'llama.{key}']!r}, which Llama "
+                         f"cannot express")
+    vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ())) or (
+        file.tensors["token_embd.weight"].shape[0] if "token_embd.weight" in file.tensors
+        else None)
+    eps = meta.get("llama.attention.layer_norm_rms_epsilon")
+    theta = meta.get("llama.rope.freq_base", 10000.0)
+    for key, value in (("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", theta)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{source}: llama.{key} must be a positive number, got {value!r}")
+    return LlamaConfig(vocab_size=size("vocab_size", vocab),
+                       context_length=size("context_length"), num_layers=size("block_count"),
+                       num_heads=heads, d_model=d_model, d_ff=size("feed_forward_length"),
+                       num_kv_heads=kv_heads, rope_theta=float(theta), norm_eps=float(eps),
+                       tie_embeddings="output.weight" not in file.tensors)
+
+
+def _expected_shape(row: GGUFName, config) -> tuple[int, ...]:
+    sizes = {"vocab_size": config.vocab_size, "embedding_length": config.d_model,
+             "feed_forward_length": config.d_ff,
+             "attention.head_count_kv": config.num_kv_heads * config.head_dim}
+    return tuple(sizes[name] for name in row.sizes)
+
+
+def llama_state(file: GGUFFile, config) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Our state dict of a Llama from ``file`` (float32, query and key rows unpermuted), and
+    each of our names' tensor in the file, through :data:`LLAMA_GGUF_NAMES`.
+
+    Raises:
+        ValueError: a tensor missing, one of another shape than the metadata says (naming
+            the key), or one the model does not have (naming it).
+    """
+    from minitransformer import pretrained
+
+    source = str(file.path)
+    rows = [GGUFName(row.ours.format(i=i), row.theirs.format(i=i), row.sizes, row.unpermute)
+            for row in LLAMA_GGUF_NAMES
+            if not (row.ours == "head.weight" and config.tie_embeddings)
+            for i in (range(config.num_layers) if "{i}" in row.theirs else (0,))]
+    pretrained.check_names(file.tensors, {row.theirs for row in rows}, source=source,
+                           model=f"a Llama with llama.block_count={config.num_layers}")
+    state = {}
+    for row in rows:
+        if row.theirs not in file.tensors:
+            raise ValueError(f"{source} has no tensor {row.theirs!r}, which a Llama with "
+                             f"llama.block_count={config.num_layers} has")
+        expected, stored = _expected_shape(row, config), file.tensors[row.theirs].shape
+        if len(stored) != len(expected):
+            raise ValueError(f"{source}: {row.theirs} has shape {stored}, not "
+                             f"{len(expected)} dimensions")
+        for key, want, got in zip(row.sizes, expected, stored):
+            if want != got:
+                raise ValueError(f"{source}: {row.theirs} has shape {stored}, but the metadata "
+                                 f"says {expected} (llama.{key} = "
+                                 f"{file.metadata.get(f'llama.{key}', want)})")
+        tensor = file.tensor(row.theirs)
+        if row.unpermute is not None:
+            tensor = unpermute_rows(tensor, getattr(config, row.unpermute))
+        state[row.ours] = tensor
+    return state, {row.ours: row.theirs for row in rows}
+
+
+def load_llama(cls, path: str | os.PathLike, *, device=None, dtype=None):
+    """``cls`` (:class:`~minitransformer.llama.Llama`) built from a GGUF file, in eval mode:
+    what :meth:`Llama.from_gguf <minitransformer.llama.Llama.from_gguf>` does."""
+    from minitransformer import pretrained
+
+    file = GGUFFile(path)
+    config = llama_config(file)
+    state, theirs = llama_state(file, config)
+    return pretrained.build(cls, config, state, source=str(file.path), device=device,
+                            dtype=dtype, theirs=theirs)

@@ -2,6 +2,7 @@
 dependency of the package): files written by each are read by the other, and dequantisation is
 compared bit for bit. The real model's file is tested in test_smollm2.py."""
 
+import dataclasses
 import struct
 import warnings
 
@@ -14,6 +15,7 @@ from gguf import GGUFValueType as V
 
 from minitransformer.gguf import (DEQUANTIZED, GGML_TYPES, GGUFFile, dequantize,
                                   write_gguf)
+from minitransformer.llama import Llama, LlamaConfig
 
 # every value type, at its extremes
 METADATA = {
@@ -325,3 +327,151 @@ def test_writer_infers_types():
                         ([1, 0.5], "array[float32]"), ([["a"]], "array[array[string]]")):
         f_types[kind] = _infer_type(value, "k")
         assert f_types[kind] == kind
+
+
+# --- Llama.from_gguf on small files written here -----------------------------------------------
+
+def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter on a query or key weight: each head's two rotate-half halves
+    interleaved row by row."""
+    rows, d_model = w.shape
+    return w.view(heads, 2, rows // heads // 2, d_model).transpose(1, 2).reshape(rows, d_model)
+
+
+def _llama_gguf(path, model, **changes):
+    """``model`` as llama.cpp's converter writes it (F32), with metadata ``changes``
+    (None removes a key) and tensors ``drop``-ped or ``extra``."""
+    c = model.config
+    metadata = {"general.architecture": "llama", "llama.block_count": c.num_layers,
+                "llama.context_length": c.context_length, "llama.embedding_length": c.d_model,
+                "llama.feed_forward_length": c.d_ff, "llama.attention.head_count": c.num_heads,
+                "llama.attention.head_count_kv": c.num_kv_heads,
+                "llama.rope.freq_base": c.rope_theta,
+                "llama.attention.layer_norm_rms_epsilon": c.norm_eps,
+                "llama.vocab_size": c.vocab_size, "llama.rope.dimension_count": c.head_dim}
+    drop, extra = changes.pop("drop", ()), changes.pop("extra", {})
+    for key, value in changes.items():
+        metadata.pop(key) if value is None else metadata.__setitem__(key, value)
+    types = {k: "float32" if isinstance(v, float) else "uint32" for k, v in metadata.items()
+             if not isinstance(v, str)}
+    s = model.state_dict()
+    tensors = {"token_embd.weight": s["token_embedding.weight"]}
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        tensors.update({
+            f"blk.{i}.attn_norm.weight": s[p + "norm1.weight"],
+            f"blk.{i}.attn_q.weight": _permute(s[p + "self_attn.q_proj.weight"], c.num_heads),
+            f"blk.{i}.attn_k.weight": _permute(s[p + "self_attn.k_proj.weight"],
+                                               c.num_kv_heads),
+            f"blk.{i}.attn_v.weight": s[p + "self_attn.v_proj.weight"],
+            f"blk.{i}.attn_output.weight": s[p + "self_attn.out_proj.weight"],
+            f"blk.{i}.ffn_norm.weight": s[p + "norm2.weight"],
+            f"blk.{i}.ffn_gate.weight": s[p + "feed_forward.gate_proj.weight"],
+            f"blk.{i}.ffn_up.weight": s[p + "feed_forward.up_proj.weight"],
+            f"blk.{i}.ffn_down.weight": s[p + "feed_forward.down_proj.weight"]})
+    tensors["output_norm.weight"] = s["norm.weight"]
+    if not c.tie_embeddings:
+        tensors["output.weight"] = s["head.weight"]
+    tensors = {k: v for k, v in {**tensors, **extra}.items() if k not in drop}
+    write_gguf(path, metadata, tensors, types=types)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, context_length=32, num_layers=2, num_heads=4,
+                         d_model=32, d_ff=48, num_kv_heads=2, rope_theta=500.0, norm_eps=2.0**-17)
+    return Llama(config).eval()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_from_gguf_undoes_the_converters_permutation(tmp_path, tiny_llama, tied):
+    model = tiny_llama
+    if tied:
+        model = Llama(dataclasses.replace(model.config, tie_embeddings=True)).eval()
+    loaded = Llama.from_gguf(_llama_gguf(tmp_path / "tiny.gguf", model))
+    assert loaded.config == model.config and not loaded.training
+    assert loaded.config.tie_embeddings is tied
+    for (name, ours), (_, theirs) in zip(loaded.state_dict().items(),
+                                         model.state_dict().items()):
+        assert torch.equal(ours, theirs), name
+    idx = torch.randint(0, 64, (2, 11))
+    assert torch.equal(loaded(idx)[0], model(idx)[0])
+    if tied:
+        assert loaded.head.weight is loaded.token_embedding.weight
+
+
+def test_from_gguf_equals_transformers_on_a_small_file(tmp_path, tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    _llama_gguf(tmp_path / "tiny.gguf", tiny_llama)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf").eval()
+    ours = Llama.from_gguf(tmp_path / "tiny.gguf")
+    idx = torch.randint(0, 64, (2, 11))
+    with torch.no_grad():
+        expected = theirs(idx).logits
+    torch.testing.assert_close(ours(idx)[0], expected)
+    ours.save_pretrained(tmp_path / "saved")          # and back through safetensors
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx).logits, expected)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"general.architecture": "qwen2"}, r"tiny.gguf: general.architecture is 'qwen2', not "
+                                        r"'llama'"),
+    ({"llama.embedding_length": 64, "llama.rope.dimension_count": None}, r"token_embd.weight has shape \(64, 32\), but the "
+                                     r"metadata says \(64, 64\) \(llama.embedding_length = 64\)"),
+    ({"llama.feed_forward_length": 40}, r"blk.0.ffn_gate.weight has shape \(48, 32\), but the "
+                                        r"metadata says \(40, 32\) "
+                                        r"\(llama.feed_forward_length = 40\)"),
+    ({"llama.vocab_size": 65}, r"llama.vocab_size = 65"),
+    ({"llama.attention.head_count_kv": 4}, r"blk.0.attn_k.weight .*"
+                                           r"llama.attention.head_count_kv = 4"),
+    ({"llama.block_count": 3}, r"no tensor 'blk.2.attn_norm.weight'.*llama.block_count=3"),
+    ({"llama.block_count": 1}, r"holds 'blk.1.attn_norm.weight', which a Llama with "
+                               r"llama.block_count=1 does not have"),
+    ({"llama.embedding_length": None}, r"has no metadata llama.embedding_length"),
+    ({"llama.attention.head_count": 3}, r"head_count=3 must divide"),
+    ({"llama.rope.dimension_count": 4}, r"llama.rope.dimension_count is 4, not"),
+    ({"llama.rope.scaling.type": "linear"}, r"llama.rope.scaling.type is 'linear'"),
+    ({"llama.expert_count": 8}, r"llama.expert_count is 8"),
+    ({"llama.context_length": 0}, r"llama.context_length must be a positive int, got 0"),
+    ({"llama.attention.layer_norm_rms_epsilon": "x"}, r"layer_norm_rms_epsilon must be a "
+                                                      r"positive number"),
+    ({"drop": ["blk.1.ffn_up.weight"]}, r"no tensor 'blk.1.ffn_up.weight'"),
+    ({"extra": {"rope_freqs.weight": torch.ones(4)}}, r"holds 'rope_freqs.weight'"),
+])
+def test_from_gguf_refusals_name_the_key(tmp_path, tiny_llama, changes, message):
+    path = _llama_gguf(tmp_path / "tiny.gguf", tiny_llama, **changes)
+    with pytest.raises(ValueError, match=message) as error:
+        Llama.from_gguf(path)
+    assert "\n" not in str(error.value)
+
+
+def test_from_gguf_refuses_k_quants_and_other_files(tmp_path):
+    path = tmp_path / "k.gguf"
+    w = gguf.GGUFWriter(path, arch="llama")
+    for key, value in (("llama.block_count", 1), ("llama.context_length", 8),
+                       ("llama.embedding_length", 256), ("llama.feed_forward_length", 256),
+                       ("llama.attention.head_count", 2), ("llama.vocab_size", 4)):
+        w.add_uint32(key, value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_tensor("token_embd.weight", np.zeros((4, 144), np.uint8), raw_dtype=Q.Q4_K)
+    for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"):
+        w.add_tensor(f"blk.0.{name}.weight", np.zeros((256, 256), np.float32))
+    w.add_tensor("blk.0.ffn_down.weight", np.zeros((256, 256), np.float32))
+    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
+        w.add_tensor(name, np.ones(256, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="'token_embd.weight' is stored as Q4_K"):
+        Llama.from_gguf(path)
+    (tmp_path / "model.safetensors").write_bytes(b"{}")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        Llama.from_gguf(tmp_path / "model.safetensors")
+    with pytest.raises(FileNotFoundError):
+        Llama.from_gguf(tmp_path / "missing.gguf")

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -696,5 +697,19 @@ def load_llama(cls, path: str | os.PathLike, *, device=None, dtype=None):
     file = GGUFFile(path)
     config = llama_config(file)
     state, theirs = llama_state(file, config)
-    return pretrained.build(cls, config, state, source=str(file.path), device=device,
-                            dtype=dtype, theirs=theirs)
+    with _SkipInit():       # every parameter is overwritten by the file's, checked by build
+        return pretrained.build(cls, config, state, source=str(file.path), device=device,
+                                dtype=dtype, theirs=theirs)
+
+
+class _SkipInit(TorchFunctionMode):
+    """Skip ``nn.init``'s random draws (seconds for 135M numbers) while a model is built only
+    to receive a whole state dict."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, Tensor):
+                return tensor
+        return func(*args, **kwargs)

@@ -623,9 +623,9 @@ class Llama(nn.Module):
     def from_gguf(cls, path: str | os.PathLike, *, device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None) -> Llama:
         """A llama.cpp GGUF file of architecture ``llama`` as a :class:`Llama`, in eval mode,
-        read by :mod:`minitransformer.gguf`: the config from its ``llama.*`` metadata, the
-        tensors dequantised to float32 (``dtype=None``) through
-        :data:`~minitransformer.gguf.LLAMA_GGUF_NAMES`.
+        read by ``minitransformer.gguf``: the config from its ``llama.*`` metadata, the
+        tensors dequantised to float32 (``dtype=None``) and renamed by the table
+        ``LLAMA_GGUF_NAMES``, the query and key rows put back in rotate-half order.
 
         Raises:
             FileNotFoundError: no such file.

@@ -382,14 +382,23 @@ def tiny_llama():
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, context_length=32, num_layers=2, num_heads=4,
                          d_model=32, d_ff=48, num_kv_heads=2, rope_theta=500.0, norm_eps=2.0**-17)
-    return Llama(config).eval()
+    return _perturbed(Llama(config))
+
+
+def _perturbed(model: Llama) -> Llama:
+    """Every parameter moved off its initial value: unit norms would let a wrong mapping of
+    the norms pass."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape))
+    return model.eval()
 
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_from_gguf_undoes_the_converters_permutation(tmp_path, tiny_llama, tied):
     model = tiny_llama
     if tied:
-        model = Llama(dataclasses.replace(model.config, tie_embeddings=True)).eval()
+        model = _perturbed(Llama(dataclasses.replace(model.config, tie_embeddings=True)))
     loaded = Llama.from_gguf(_llama_gguf(tmp_path / "tiny.gguf", model))
     assert loaded.config == model.config and not loaded.training
     assert loaded.config.tie_embeddings is tied

@@ -7,6 +7,8 @@ token.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 import torch
@@ -173,7 +175,8 @@ def generate(
     (chapter 9). With it (chapter 11), a :class:`~minitransformer.cache.KVCache` keeps every
     layer's keys and values: the prompt goes through the model once (the prefill), then each
     step feeds the model only the newest token. Both give the same tokens. The model runs in
-    eval mode (no dropout) and is put back in the mode it was in.
+    eval mode (no dropout) and is put back in the mode it was in. :func:`stream_tokens` runs
+    the same loop for one prompt and hands out each token as soon as it is chosen.
 
     The penalties count the tokens each row has *generated* (not its prompt). With ``eos_id``,
     a row that writes it stops: its later positions are ``eos_id`` too, so the batch stays
@@ -218,29 +221,136 @@ def generate(
             device than the model, or a bad prompt, option or ``eos_id``.
     """
     config = _check_language_model(model, use_cache)
-    weight = next(iter(model.parameters()), None)
-    _checks.check_token_ids("idx", idx, config.vocab_size, max_len=config.context_length,
-                            device=None if weight is None else weight.device)
-    _checks.check_int("max_new_tokens", max_new_tokens, low=0)
+    _check_prompt(model, config, idx, max_new_tokens)
     _checks.check_type("use_cache", use_cache, bool, "True or False")
     _checks.check_type("fast", fast, bool, "True or False")
     _check_sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
                     config.vocab_size)
-    if eos_id is not None and _checks.check_int("eos_id", eos_id, low=0) >= config.vocab_size:
-        raise ValueError(f"eos_id={eos_id} is not a token of the vocabulary "
-                         f"[0, {config.vocab_size})")
+    stops = () if eos_id is None else _check_stop_ids("eos_id", (eos_id,), config.vocab_size)
+    if idx.shape[0] == 0:                        # no rows: nothing to run the model on
+        return idx.new_zeros((0, idx.shape[1] + max_new_tokens), dtype=torch.long)
+    options = _Sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
+                        generator)
+    with eval_mode(model), torch.inference_mode():
+        idx = idx.long()
+        new = list(_next_tokens(model, idx, max_new_tokens, use_cache, options, stops, fast))
+        idx = torch.cat([idx] + [t[:, None] for t in new], dim=1)      # (B, T + n)
+    return idx.clone()                           # an ordinary tensor, not an inference tensor
+
+
+def stream_tokens(
+    model: nn.Module,
+    prompt: Tensor | Sequence[int],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    stop_ids: Iterable[int] | None = None,
+    generator: torch.Generator | None = None,
+    fast: bool = False,
+) -> Iterator[int]:
+    """Continue one prompt token by token, handing out each new token as soon as it is chosen:
+    what a chat program prints while the model is still writing.
+
+    The loop is :func:`generate`'s with the cache: the prompt goes through the model once (the
+    prefill), then each step feeds the model only the newest token, with one
+    :class:`~minitransformer.cache.KVCache` for the whole stream, so the tokens are those of
+    ``generate(model, prompt[None], max_new_tokens, ...)`` with the same options and
+    ``generator`` (with ``eos_id``, the same tokens up to and including it).
+
+    The stream ends after ``max_new_tokens`` tokens, or after a token of ``stop_ids`` (the
+    model's end of text, a chat's end-of-turn token such as SmolLM2's ``<|im_end|>``): **the
+    stop token is yielded**, as the last token, as :func:`generate` keeps ``eos_id``; so a
+    stream that ends on a token of ``stop_ids`` stopped there, and one that does not ran out of
+    ``max_new_tokens``. A program that prints the reply leaves the stop token out. Leaving the
+    loop early (``break``, ``close()``) is fine: nothing is computed ahead.
+
+    The arguments are checked when ``stream_tokens`` is called, before the first token. Each
+    step runs in eval mode and under ``torch.inference_mode()``, entered and left around that
+    step only, so the caller's code between two tokens runs in its own modes.
+
+    Args:
+        model: a language model with a cache, as for :func:`generate`.
+        prompt: the prompt's token ids, a list of ints or a ``(T,)`` integer tensor (on the
+            model's device), ``T >= 1``.
+        max_new_tokens: the most tokens to write; ``T + max_new_tokens <= context_length``.
+        temperature, top_k, top_p, presence_penalty, frequency_penalty, generator: as for
+            :func:`generate`.
+        stop_ids: the tokens that end the stream (a set, list or tuple of ids); ``None`` or
+            empty: none.
+        fast: as for :func:`generate`.
+
+    Yields:
+        each new token id, an ``int``.
+
+    Raises:
+        TypeError, ValueError: as :func:`generate`; a ``prompt`` that is not a list of ids or a
+            1-D tensor, a stop id outside the vocabulary.
+    """
+    config = _check_language_model(model, True)
+    weight = next(iter(model.parameters()), None)
+    device = None if weight is None else weight.device
+    if isinstance(prompt, Tensor):
+        _checks.check_int_tensor("prompt", prompt)
+        if prompt.ndim != 1:
+            raise ValueError(f"prompt must be one prompt of shape (T,), got "
+                             f"{_checks.shape(prompt)}")
+        idx = prompt[None]
+    else:
+        _checks.check_type("prompt", prompt, (list, tuple), "a list of token ids or a tensor")
+        ids = [_checks.check_int(f"prompt[{i}]", t, low=0) for i, t in enumerate(prompt)]
+        idx = torch.tensor([ids], dtype=torch.long, device=device).reshape(1, len(ids))
+    _check_prompt(model, config, idx, max_new_tokens, name="prompt", device=device)
+    _checks.check_type("fast", fast, bool, "True or False")
+    _check_sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
+                    config.vocab_size)
+    stops = _check_stop_ids("stop_ids", stop_ids, config.vocab_size)
+    options = _Sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
+                        generator)
+    return _stream(model, idx.long(), max_new_tokens, options, stops, fast)
+
+
+def _stream(model: nn.Module, idx: Tensor, max_new_tokens: int, options: _Sampling,
+            stops: tuple[int, ...], fast: bool) -> Iterator[int]:
+    """:func:`stream_tokens`'s generator, on checked arguments."""
+    for token in _next_tokens(model, idx, max_new_tokens, True, options, stops, fast,
+                              per_step=True):
+        yield int(token[0])
+
+
+def _check_prompt(model: nn.Module, config: object, idx: object, max_new_tokens: object, *,
+                  name: str = "idx", device: torch.device | None = None) -> None:
+    """A prompt ``(B, T)`` of the model's ids on its device, and ``max_new_tokens`` more
+    positions that fit ``context_length`` (what :func:`generate` and :func:`stream_tokens`
+    check)."""
+    if device is None:
+        weight = next(iter(model.parameters()), None)
+        device = None if weight is None else weight.device
+    _checks.check_token_ids(name, idx, config.vocab_size, max_len=config.context_length,
+                            device=device)
+    _checks.check_int("max_new_tokens", max_new_tokens, low=0)
     total = idx.shape[1] + max_new_tokens
     if total > config.context_length:
         raise ValueError(f"the prompt's {idx.shape[1]} tokens plus max_new_tokens="
                          f"{max_new_tokens} make {total}, more than context_length="
                          f"{config.context_length}")
-    if idx.shape[0] == 0:                        # no rows: nothing to run the model on
-        return idx.new_zeros((0, total), dtype=torch.long)
-    options = _Sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
-                        generator)
-    with eval_mode(model), torch.inference_mode():
-        idx = _continue(model, idx.long(), max_new_tokens, use_cache, options, eos_id, fast)
-    return idx.clone()                           # an ordinary tensor, not an inference tensor
+
+
+def _check_stop_ids(name: str, stop_ids: object, vocab_size: int) -> tuple[int, ...]:
+    """Token ids that end generation (none for ``None``), each in ``[0, vocab_size)``."""
+    if stop_ids is None:
+        return ()
+    if isinstance(stop_ids, (str, bytes, Tensor)) or not isinstance(stop_ids, Iterable):
+        raise TypeError(f"{name} must be a set, list or tuple of token ids, got "
+                        f"{_checks._type_name(stop_ids)}")
+    ids = tuple(stop_ids)
+    for i in ids:
+        if _checks.check_int(name, i, low=0) >= vocab_size:
+            raise ValueError(f"{name}={i} is not a token of the vocabulary [0, {vocab_size})")
+    return ids
 
 
 class _Sampling(NamedTuple):
@@ -278,38 +388,58 @@ def _check_language_model(model: object, use_cache: bool) -> object:
     return config
 
 
-def _continue(model: nn.Module, idx: Tensor, max_new_tokens: int, use_cache: bool,
-              options: _Sampling, eos_id: int | None, fast: bool = False) -> Tensor:
-    """:func:`generate`'s loop, on checked arguments: ``idx`` followed by the new tokens."""
-    total = idx.shape[1] + max_new_tokens
-    cache = KVCache(model.config.num_layers, max_len=total) if use_cache else None
-    make_step = getattr(model, "make_decode_step", None)  # a faster cached pass, if there is one
-    if fast:
-        make_step = getattr(model, "make_fast_decode_step", make_step)
-    step = make_step() if cache is not None and make_step is not None else None
-    penalised = bool(options.presence_penalty or options.frequency_penalty)
-    counts = (torch.zeros(idx.shape[0], model.config.vocab_size, dtype=torch.long,
-                          device=idx.device) if penalised else None)        # (B, V)
-    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-    new = idx                                    # what the model has not seen yet
+@contextmanager
+def _stepping(model: nn.Module) -> Iterator[None]:
+    """Eval mode and inference mode for one step of a stream, left before the token is
+    handed out."""
+    with eval_mode(model), torch.inference_mode():
+        yield
+
+
+def _next_tokens(model: nn.Module, idx: Tensor, max_new_tokens: int, use_cache: bool,
+                 options: _Sampling, stops: tuple[int, ...], fast: bool = False, *,
+                 per_step: bool = False) -> Iterator[Tensor]:
+    """The loop of :func:`generate` and :func:`stream_tokens`, on checked arguments: yields
+    each step's new token of every row, ``(B,)``, at most ``max_new_tokens`` times. The
+    prompt ``idx`` is run once (the prefill), then one token per step through one cache. A row
+    that wrote a token of ``stops`` writes it again; the loop ends when every row has stopped.
+    ``per_step``: each step enters eval and inference mode itself (a stream); otherwise the
+    caller runs the whole loop in them."""
+    modes = (lambda: _stepping(model)) if per_step else nullcontext
+    with modes():
+        cache = (KVCache(model.config.num_layers, max_len=idx.shape[1] + max_new_tokens)
+                 if use_cache else None)
+        make_step = getattr(model, "make_decode_step", None)  # a faster cached pass, if any
+        if fast:
+            make_step = getattr(model, "make_fast_decode_step", make_step)
+        step = make_step() if cache is not None and make_step is not None else None
+        penalised = bool(options.presence_penalty or options.frequency_penalty)
+        counts = (torch.zeros(idx.shape[0], model.config.vocab_size, dtype=torch.long,
+                              device=idx.device) if penalised else None)       # (B, V)
+        stop = torch.tensor(stops, dtype=torch.long, device=idx.device) if stops else None
+        done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+    seen, new = idx, idx                          # everything so far; what the model has not seen
     for _ in range(max_new_tokens):
-        if cache is None:
-            logits, _ = model(idx)                               # (B, T, N)
-        elif step is not None:
-            logits = step(new, cache)                            # (B, T_new, N)
-        else:
-            logits, _ = model(new, kv_cache=cache)               # (B, T_new, N)
-        next_id = options.choose(logits[:, -1], counts)          # (B,)
-        if eos_id is not None:
-            next_id = next_id.masked_fill(done, eos_id)          # stopped rows: eos again
-            done = done | (next_id == eos_id)
-        if counts is not None:
-            counts.scatter_add_(1, next_id[:, None], torch.ones_like(next_id[:, None]))
-        new = next_id[:, None]                                   # (B, 1)
-        idx = torch.cat([idx, new], dim=1)                       # (B, T + 1)
-        if eos_id is not None and bool(done.all()):
-            break
-    return idx
+        with modes():
+            if cache is None:
+                logits, _ = model(seen)                              # (B, T, N)
+            elif step is not None:
+                logits = step(new, cache)                            # (B, T_new, N)
+            else:
+                logits, _ = model(new, kv_cache=cache)               # (B, T_new, N)
+            next_id = options.choose(logits[:, -1], counts)          # (B,)
+            if stop is not None:
+                next_id = torch.where(done, new[:, -1], next_id)     # stopped rows: stop again
+                done = done | torch.isin(next_id, stop)
+            if counts is not None:
+                counts.scatter_add_(1, next_id[:, None], torch.ones_like(next_id[:, None]))
+            new = next_id[:, None]                                   # (B, 1)
+            if cache is None:
+                seen = torch.cat([seen, new], dim=1)                 # (B, T + 1)
+            finished = stop is not None and bool(done.all())
+        yield next_id
+        if finished:
+            return
 
 
 @torch.no_grad()

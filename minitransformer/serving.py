@@ -61,7 +61,7 @@ import torch
 from torch import Tensor, nn
 
 from minitransformer import _checks
-from minitransformer.generation import _check_sampling, _choose
+from minitransformer.generation import SamplingParams
 from minitransformer.paged_cache import BLOCK_SIZE, BlockPool
 
 FINISH_REASONS = ("stop", "length", "cancelled")
@@ -77,7 +77,8 @@ class Request:
             :func:`~minitransformer.generation.sample_next`; ``temperature=0`` is greedy.
         seed: seeds the request's own ``torch.Generator``: its draws are those of
             ``generate(..., generator=torch.Generator().manual_seed(seed))``; ``None`` draws
-            from PyTorch's global generator.
+            from PyTorch's global generator. The five options and the seed are kept together
+            as ``request.sampling``, a :class:`~minitransformer.generation.SamplingParams`.
         stop: a string or strings that end the text; the text stops before it.
         stop_token_ids: the tokens that end the request (not in its text); ``None`` takes the
             engine's ``eos_ids``.
@@ -87,7 +88,7 @@ class Request:
     """
 
     __slots__ = ("prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop",
-                 "presence_penalty", "frequency_penalty", "stop_token_ids")
+                 "presence_penalty", "frequency_penalty", "stop_token_ids", "sampling")
 
     def __init__(self, prompt_ids: Sequence[int], *, max_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -98,13 +99,11 @@ class Request:
         if not self.prompt_ids:
             raise ValueError("prompt_ids is empty: a request needs at least one token")
         self.max_tokens = _checks.check_int("max_tokens", max_tokens)
-        _check_sampling(temperature, top_k, None, presence_penalty, frequency_penalty,
-                        float("inf"))
-        if top_p is not None and not 0 < _checks.check_number("top_p", top_p) <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        self.sampling = SamplingParams(temperature, top_k, top_p, presence_penalty,
+                                       frequency_penalty, seed)
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.presence_penalty, self.frequency_penalty = presence_penalty, frequency_penalty
-        self.seed = None if seed is None else _checks.check_int("seed", seed, low=0)
+        self.seed = seed
         stops = (stop,) if isinstance(stop, str) else stop
         _checks.check_type("stop", stops, (list, tuple), "a str or a list of str")
         for s in stops:
@@ -165,9 +164,8 @@ class _Sequence:
         self.blocks: list[int] = []
         self.cached = 0                              # positions whose keys are in the blocks
         self.stop_ids = stop_ids
-        self.generator = (None if request.seed is None
-                          else torch.Generator(device).manual_seed(request.seed))
-        penalised = request.presence_penalty or request.frequency_penalty
+        self.generator = request.sampling.make_generator(device)
+        penalised = request.sampling.penalised
         self.counts = (torch.zeros(1, vocab_size, dtype=torch.long, device=device)
                        if penalised else None)
         self.greedy = request.temperature == 0 and not penalised
@@ -186,9 +184,7 @@ class _Sequence:
 
     def choose(self, logits: Tensor) -> int:
         """The next token from this row's scores ``(1, V)``, as ``generate`` picks it."""
-        r = self.request
-        return int(_choose(logits, r.temperature, r.top_k, r.top_p, r.presence_penalty,
-                           r.frequency_penalty, self.counts, self.generator)[0])
+        return int(self.request.sampling.choose(logits, self.counts, self.generator)[0])
 
     def text_of(self, piece: str, final: bool) -> tuple[str, bool]:
         """The text that may go out after ``piece``, and whether a stop string ended it."""
@@ -291,9 +287,7 @@ class Engine:
         _checks.check_type("request", request, Request, "a Request")
         c = self.config
         self._check_vocab("prompt_ids", request.prompt_ids)
-        if request.top_k is not None and request.top_k > c.vocab_size:
-            raise ValueError(f"top_k must be at most the vocabulary size {c.vocab_size}, got "
-                             f"{request.top_k}")
+        request.sampling.check_vocab(c.vocab_size)
         stop_ids = (self.eos_ids if request.stop_token_ids is None else
                     frozenset(self._check_vocab("stop_token_ids", request.stop_token_ids)))
         total = len(request.prompt_ids) + request.max_tokens

@@ -1,6 +1,8 @@
 """stream_tokens (minitransformer.generation): one prompt continued token by token from one
 KV cache, with the tokens of generate."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -159,3 +161,82 @@ def test_bad_arguments_are_refused_when_called_not_at_the_first_token(kwargs, er
     args = dict(prompt=[1, 2], max_new_tokens=2) | kwargs
     with pytest.raises(error, match=message):
         stream_tokens(tiny_gpt(), args.pop("prompt"), args.pop("max_new_tokens"), **args)
+
+
+# --- SamplingParams: the options in one value ----------------------------------------------
+
+from minitransformer import SamplingParams, generate_batch, sample_next  # noqa: E402
+from minitransformer.serving import Engine, Request  # noqa: E402
+
+
+def test_sampling_params_give_the_tokens_of_the_keywords():
+    model = tiny_gpt()
+    options = dict(temperature=1.3, top_k=7, top_p=0.9, presence_penalty=0.4,
+                   frequency_penalty=0.1)
+    keywords = generate(model, torch.tensor([PROMPT]), 12, **options,
+                        generator=torch.Generator().manual_seed(5))
+    params = SamplingParams(**options, seed=5)
+    assert torch.equal(generate(model, torch.tensor([PROMPT]), 12, sampling=params), keywords)
+    assert list(stream_tokens(model, PROMPT, 12, sampling=params)) == keywords[0, 5:].tolist()
+    # generate_batch seeds every row with sampling.seed; the engine's request keeps its options
+    assert generate_batch(model, [PROMPT], 12, sampling=params) == [keywords[0, 5:].tolist()]
+    assert generate_batch(model, [PROMPT], 12, **options, seeds=[5]) == [
+        keywords[0, 5:].tolist()]
+    request = Request(PROMPT, max_tokens=12, **options, seed=5)
+    assert request.sampling == params
+    engine = Engine(model, kv_blocks=8, block_size=4, eos_ids=())
+    assert engine.run([request])[0].token_ids == keywords[0, 5:].tolist()
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(temperature=-1.0), ValueError, "temperature must be at least 0"),
+    (dict(temperature="hot"), TypeError, "temperature must be a number"),
+    (dict(top_k=0), ValueError, "top_k must be at least 1"),
+    (dict(top_p=0.0), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(presence_penalty=float("inf")), ValueError, "presence_penalty must be finite"),
+    (dict(frequency_penalty=None), TypeError, "frequency_penalty must be a number"),
+    (dict(seed=-1), ValueError, "seed must be at least 0"),
+    (dict(seed=1.5), TypeError, "seed must be an int"),
+])
+def test_sampling_params_name_a_bad_option(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_are_checked_against_the_vocabulary_and_not_mixed_with_keywords():
+    model = tiny_gpt()
+    with pytest.raises(ValueError, match="top_k must be at most the vocabulary size 13"):
+        generate(model, torch.tensor([PROMPT]), 2, sampling=SamplingParams(top_k=14))
+    with pytest.raises(TypeError, match="not both: got sampling= and top_k="):
+        generate(model, torch.tensor([PROMPT]), 2, sampling=SamplingParams(), top_k=3)
+    with pytest.raises(TypeError, match="sampling.seed or generator=, not both"):
+        stream_tokens(model, PROMPT, 2, sampling=SamplingParams(seed=1),
+                      generator=torch.Generator())
+    with pytest.raises(TypeError, match="sampling must be a SamplingParams, got dict"):
+        generate(model, torch.tensor([PROMPT]), 2, sampling={"temperature": 0})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SamplingParams().temperature = 0.0
+
+
+def test_nan_weights_are_named_not_a_softmax_error():
+    model = tiny_gpt()
+    with torch.no_grad():
+        model.head.weight[3, 0] = float("nan")
+    for temperature in (0, 1.0):          # greedy would otherwise pick a NaN silently
+        with pytest.raises(ValueError, match="the model's scores .logits. hold NaN: are its "
+                                             "weights NaN"):
+            generate(model, torch.tensor([PROMPT]), 3, temperature=temperature)
+        with pytest.raises(ValueError, match="hold NaN: are its weights NaN"):
+            list(stream_tokens(model, PROMPT, 3, temperature=temperature))
+
+
+def test_a_penalty_that_overflows_the_scores_is_named():
+    model = tiny_gpt()
+    with pytest.raises(ValueError, match=r"frequency_penalty=1e\+308 overflowed the scores "
+                                         r"\(torch.float32\) to NaN: use smaller penalties"):
+        generate(model, torch.tensor([PROMPT]), 3, frequency_penalty=1e308)
+    logits, counts = torch.zeros(1, 4), torch.tensor([[0, 1, 0, 0]])
+    with pytest.raises(ValueError, match="presence_penalty=1e\\+300 .* overflowed"):
+        sample_next(logits, presence_penalty=1e300, counts=counts)
+    # a large penalty that stays finite is no error: the word is ruled out
+    assert sample_next(logits, presence_penalty=1e30, counts=counts, temperature=0).item() == 0

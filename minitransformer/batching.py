@@ -28,14 +28,8 @@ from minitransformer.generation import SamplingParams, _sampling_of
 
 def _check_prompts(prompts: object) -> list[list[int]]:
     _checks.check_type("prompts", prompts, (list, tuple), "a list of lists of token ids")
-    checked = []
-    for i, prompt in enumerate(prompts):
-        _checks.check_type(f"prompts[{i}]", prompt, (list, tuple), "a list of token ids")
-        if not prompt:
-            raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
-        checked.append([_checks.check_int(f"prompts[{i}][{j}]", t, low=0)
-                        for j, t in enumerate(prompt)])
-    return checked
+    return [_checks.check_id_list(f"prompts[{i}]", prompt, allow_empty=False)
+            for i, prompt in enumerate(prompts)]
 
 
 def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int,

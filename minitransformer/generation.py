@@ -355,8 +355,8 @@ def stream_tokens(
 
     Args:
         model: a language model with a cache, as for :func:`generate`.
-        prompt: the prompt's token ids, a list of ints or a ``(T,)`` integer tensor (on the
-            model's device), ``T >= 1``.
+        prompt: the prompt's token ids, a list of ints or a ``(T,)`` integer tensor,
+            ``T >= 1``.
         max_new_tokens: the most tokens to write; ``T + max_new_tokens <= context_length``.
         temperature, top_k, top_p, presence_penalty, frequency_penalty, generator: as for
             :func:`generate`.
@@ -374,16 +374,8 @@ def stream_tokens(
     config = _check_language_model(model, True)
     weight = next(iter(model.parameters()), None)
     device = None if weight is None else weight.device
-    if isinstance(prompt, Tensor):
-        _checks.check_int_tensor("prompt", prompt)
-        if prompt.ndim != 1:
-            raise ValueError(f"prompt must be one prompt of shape (T,), got "
-                             f"{_checks.shape(prompt)}")
-        idx = prompt[None]
-    else:
-        _checks.check_type("prompt", prompt, (list, tuple), "a list of token ids or a tensor")
-        ids = [_checks.check_int(f"prompt[{i}]", t, low=0) for i, t in enumerate(prompt)]
-        idx = torch.tensor([ids], dtype=torch.long, device=device).reshape(1, len(ids))
+    ids = _checks.check_id_list("prompt", prompt, allow_empty=False)
+    idx = torch.tensor([ids], dtype=torch.long, device=device)              # (1, T)
     _check_prompt(model, config, idx, max_new_tokens, name="prompt", device=device)
     _checks.check_type("fast", fast, bool, "True or False")
     sampling, generator = _sampling_of(

@@ -95,9 +95,7 @@ class Request:
                  stop: str | Sequence[str] = (), presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0,
                  stop_token_ids: Sequence[int] | None = None):
-        self.prompt_ids = _check_ids("prompt_ids", prompt_ids)
-        if not self.prompt_ids:
-            raise ValueError("prompt_ids is empty: a request needs at least one token")
+        self.prompt_ids = _checks.check_id_list("prompt_ids", prompt_ids, allow_empty=False)
         self.max_tokens = _checks.check_int("max_tokens", max_tokens)
         self.sampling = SamplingParams(temperature, top_k, top_p, presence_penalty,
                                        frequency_penalty, seed)
@@ -113,21 +111,11 @@ class Request:
                                  "once")
         self.stop = tuple(stops)
         self.stop_token_ids = (None if stop_token_ids is None
-                               else _check_ids("stop_token_ids", stop_token_ids))
+                               else _checks.check_id_list("stop_token_ids", stop_token_ids))
 
     def __repr__(self) -> str:
         return (f"Request({len(self.prompt_ids)} prompt tokens, max_tokens={self.max_tokens}, "
                 f"temperature={self.temperature}, seed={self.seed})")
-
-
-def _check_ids(name: str, ids: object) -> list[int]:
-    if isinstance(ids, Tensor):
-        if ids.ndim != 1:
-            raise ValueError(f"{name} must be one row of token ids, got shape "
-                             f"{_checks.shape(ids)}")
-        ids = ids.tolist()
-    _checks.check_type(name, ids, (list, tuple), "a list of token ids")
-    return [_checks.check_int(f"{name}[{i}]", t, low=0) for i, t in enumerate(ids)]
 
 
 class Event(NamedTuple):
@@ -256,7 +244,8 @@ class Engine:
 
             special = getattr(tokenizer, "special_tokens", None) or {}
             eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
-        self.eos_ids = frozenset(self._check_vocab("eos_ids", _check_ids("eos_ids", eos_ids)))
+        self.eos_ids = frozenset(self._check_vocab("eos_ids",
+                                                   _checks.check_id_list("eos_ids", eos_ids)))
         fast = getattr(model, "make_fast_decode_step", None)          # GPT's; not Llama's
         if fast is not None and pack_weights:
             self._prefill_step = self._decode_step = fast(pack_weights=True)

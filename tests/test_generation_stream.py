@@ -143,12 +143,12 @@ def test_no_new_tokens_yields_nothing():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    (dict(prompt=[]), ValueError, "prompt must hold at least one token"),
+    (dict(prompt=[]), ValueError, "prompt is empty: it needs at least one token"),
     (dict(prompt=[1, 13]), ValueError, "token id 13"),
     (dict(prompt=[1, -1]), ValueError, r"prompt\[1\] must be at least 0"),
     (dict(prompt=[[1, 2]]), TypeError, r"prompt\[0\] must be an int"),
-    (dict(prompt=torch.tensor([[1, 2]])), ValueError, r"one prompt of shape \(T,\)"),
-    (dict(prompt="12"), TypeError, "prompt must be a list of token ids or a tensor"),
+    (dict(prompt=torch.tensor([[1, 2]])), ValueError, r"one row of token ids, got shape"),
+    (dict(prompt="12"), TypeError, "prompt must be a list of token ids, got str"),
     (dict(max_new_tokens=39), ValueError, "2 tokens plus max_new_tokens=39 make 41"),
     (dict(stop_ids=13), TypeError, "stop_ids must be a set, list or tuple of token ids"),
     (dict(stop_ids={13}), ValueError, r"stop_ids=13 is not a token of the vocabulary"),

@@ -97,11 +97,9 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_t
         TypeError, ValueError: a model that is not a GPT or Llama, bad prompts or options,
             a prompt plus ``max_new_tokens`` past the context.
     """
-    from minitransformer.gpt import GPT
-    from minitransformer.llama import Llama
+    from minitransformer.models import architecture_of
 
-    if not isinstance(model, (GPT, Llama)):
-        raise TypeError(f"model must be a GPT or a Llama, got {type(model).__name__}")
+    architecture_of(model)                   # a GPT or a Llama
     c = model.config
     prompts = _check_prompts(prompts)
     _checks.check_int("max_new_tokens", max_new_tokens, low=0)

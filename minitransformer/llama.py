@@ -30,11 +30,18 @@ from torch.nn.utils import parametrize
 from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache, check_kv_cache
-from minitransformer.gpt import (_attention_mask, _check_model_cache, _check_targets,
-                                 _global_forward_hooks, _init_weights, _next_token_loss,
-                                 _positions_from_mask, check_batch_inputs)
 from minitransformer.layers import (RMSNorm, SwiGLU, _check_layer_mask, _check_sequence,
                                     _dropout)
+from minitransformer.lm import (
+    attention_mask_for,
+    check_batch_inputs,
+    check_model_cache,
+    check_targets,
+    global_forward_hooks,
+    init_weights,
+    next_token_loss,
+    positions_from_mask,
+)
 from minitransformer.pretrained import Rename
 from minitransformer.rotary import _angles, _check_head_dim, _rotate
 
@@ -393,7 +400,7 @@ class Llama(nn.Module):
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False, **factory)
         if c.tie_embeddings:
             self.head.weight = self.token_embedding.weight
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *,
                 kv_cache: KVCache | None = None, attention_mask: Tensor | None = None,
@@ -420,17 +427,17 @@ class Llama(nn.Module):
         """
         past = self._check_input(idx, kv_cache)
         if targets is not None:
-            _check_targets(targets, idx, self.config.vocab_size)
+            check_targets(targets, idx, self.config.vocab_size)
         position_ids = check_batch_inputs(self.config, idx, past, attention_mask, position_ids)
         length = idx.shape[1]
         x = _dropout(self.dropout, self.token_embedding(idx))        # (B, T, d_model)
         rotary = (self._rotary(past, length, x) if position_ids is None   # (T, d_h) twice
                   else self._rotary_at(position_ids, x))                  # (B, 1, T, d_h)
-        mask = _attention_mask(attention_mask, length, past, idx.device)
+        mask = attention_mask_for(attention_mask, length, past, idx.device)
         for i, layer in enumerate(self.layers):
             x = layer.encode(x, rotary=rotary, attn_mask=mask, kv_cache=kv_cache, layer_idx=i)
         logits = self.head(self.norm.normalize(x))                    # (B, T, N)
-        return logits, None if targets is None else _next_token_loss(logits, targets)
+        return logits, None if targets is None else next_token_loss(logits, targets)
 
     def _rotary(self, past: int, length: int, x: Tensor) -> tuple[Tensor, Tensor]:
         """The rotation tables of positions ``past`` to ``past + length - 1``."""
@@ -457,7 +464,7 @@ class Llama(nn.Module):
                                 device=self.token_embedding.weight.device)
         if kv_cache is None and not cache_required:
             return 0
-        return _check_model_cache(c, kv_cache, idx.shape)
+        return check_model_cache(c, kv_cache, idx.shape)
 
     def decode_step(self, idx: Tensor, kv_cache: KVCache) -> Tensor:
         """``forward(idx, kv_cache=kv_cache)[0]`` in eval mode, bit for bit, through
@@ -507,11 +514,11 @@ class Llama(nn.Module):
                 raise ValueError(f"positions {past} to {past + length - 1} do not fit "
                                  f"context_length={c.context_length}")
             if attention_mask is not None and position_ids is None:
-                position_ids = _positions_from_mask(attention_mask, length)
+                position_ids = positions_from_mask(attention_mask, length)
             x = F.embedding(idx, embedding)                           # (B, T, d_model)
             cos, sin = (self._rotary(past, length, x) if position_ids is None
                         else self._rotary_at(position_ids, x))
-            mask = _attention_mask(attention_mask, length, past, idx.device)
+            mask = attention_mask_for(attention_mask, length, past, idx.device)
             for i, b in enumerate(blocks):
                 h = F.rms_norm(x, width, b.norm1, eps)
                 q = _rotate(split_heads(F.linear(h, b.q_proj)), cos, sin)
@@ -533,7 +540,7 @@ class Llama(nn.Module):
         config's eps and head width, no hooks and no parametrized weights."""
         cls = type(self)
         if (cls.forward is not Llama.forward or cls._rotary is not Llama._rotary
-                or cls._rotary_at is not Llama._rotary_at or _global_forward_hooks()):
+                or cls._rotary_at is not Llama._rotary_at or global_forward_hooks()):
             return False
         for module in self.modules():
             if module is not self and type(module) not in _BUILT_TYPES:
@@ -549,10 +556,6 @@ class Llama(nn.Module):
                 and all(m.bias is None for m in self.modules() if isinstance(m, nn.Linear)))
 
     # --- checkpoints: transformers' LlamaForCausalLM layout (chapter 14) -----------------------
-
-    def _names(self) -> tuple[Rename, ...]:
-        """:data:`LLAMA_NAMES`, without the head's row when it is tied."""
-        return _names(self.config)
 
     def save_pretrained(self, path: str | os.PathLike, *, bos_token_id: int | None = None,
                         eos_token_id: int | None = None) -> None:
@@ -570,7 +573,7 @@ class Llama(nn.Module):
             if value is not None and _checks.check_int(name, value, low=0) >= c.vocab_size:
                 raise ValueError(f"{name}={value} is not a token of the vocabulary "
                                  f"[0, {c.vocab_size})")
-        tensors = pretrained.to_theirs(self.state_dict(), self._names(), c.num_layers)
+        tensors = pretrained.to_theirs(self.state_dict(), llama_names(c), c.num_layers)
         dtype = str(self.token_embedding.weight.dtype).removeprefix("torch.")
         config = {**_llama_config(c, dtype), "bos_token_id": bos_token_id,
                   "eos_token_id": eos_token_id}
@@ -606,7 +609,7 @@ class Llama(nn.Module):
         raw, tensors = pretrained.read_checkpoint(folder)
         config = _config_from_llama(raw, str(folder / pretrained.CONFIG_FILE))
         source = str(folder / pretrained.WEIGHTS_FILE)
-        names = _names(config)
+        names = llama_names(config)
         theirs = pretrained.their_names(names, config.num_layers)
         known = set(theirs.values()) | ({"lm_head.weight"} if config.tie_embeddings else set())
         pretrained.check_names(tensors, known, source=source, skipped=_LLAMA_SKIPPED,
@@ -620,7 +623,7 @@ class Llama(nn.Module):
                                 theirs=theirs)
 
 
-def _names(config: LlamaConfig) -> tuple[Rename, ...]:
+def llama_names(config: LlamaConfig) -> tuple[Rename, ...]:
     """:data:`LLAMA_NAMES`, without the head's row when the config ties it."""
     tied = config.tie_embeddings
     return tuple(row for row in LLAMA_NAMES if not (tied and row.ours == "head.weight"))

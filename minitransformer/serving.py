@@ -221,11 +221,9 @@ class Engine:
     def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
                  kv_blocks: int = 256, block_size: int = BLOCK_SIZE,
                  eos_ids: Sequence[int] | None = None, pack_weights: bool = True):
-        from minitransformer.gpt import GPT
-        from minitransformer.llama import Llama
+        from minitransformer.models import architecture_of
 
-        if not isinstance(model, (GPT, Llama)):
-            raise TypeError(f"model must be a GPT or a Llama, got {type(model).__name__}")
+        architecture_of(model)               # a GPT or a Llama
         if tokenizer is not None and not callable(getattr(tokenizer, "token_bytes", None)):
             raise TypeError(f"tokenizer must be a BPETokenizer (with token_bytes), got "
                             f"{type(tokenizer).__name__}")

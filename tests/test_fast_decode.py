@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 import minitransformer as mt
-import minitransformer.gpt as gpt_module
+import minitransformer.fast_decode as fast_module
 from minitransformer import GPT, GPTConfig, KVCache, generate
-from minitransformer.gpt import FAST_MIN_NUMEL, FAST_PIECES, _row_product
+from minitransformer.fast_decode import FAST_MIN_NUMEL, FAST_PIECES, row_product
 
 EPS = torch.finfo(torch.float32).eps
 CONFIGS = {
@@ -51,7 +51,7 @@ CONFIGS = {
 def blocks_for_every_size(monkeypatch):
     """The test models are small, so that their matrices would go through F.linear (see
     test_which_products_go_through_blocks): here every matrix is cut into blocks."""
-    monkeypatch.setattr(gpt_module, "FAST_MIN_NUMEL", 0)
+    monkeypatch.setattr(fast_module, "FAST_MIN_NUMEL", 0)
 
 
 def model_of(name: str, *, dtype: torch.dtype | None = None) -> GPT:
@@ -104,7 +104,7 @@ def test_logits_within_float32_rounding_and_the_same_greedy_tokens(name):
 def test_the_heads_way_keeps_the_logits_within_rounding(monkeypatch, rows):
     """With every matrix taking the way of a head of 2 ** 24 numbers or more (32 blocks past 4
     rows, the blocks on the left up to 4), the decode steps of 1, 3 and 6 rows."""
-    monkeypatch.setattr(gpt_module, "FAST_LARGE_NUMEL", 0)
+    monkeypatch.setattr(fast_module, "FAST_LARGE_NUMEL", 0)
     model = model_of("gpt2-like")
     idx = prompt_of(model.config, rows=rows)
     exact_model = copy.deepcopy(model).double()
@@ -140,11 +140,11 @@ def test_a_padded_batch_takes_the_same_masks_and_positions(pack_weights):
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_row_product_is_f_linear_to_rounding(monkeypatch, rows, out, width, bias, large):
     if large:            # every matrix takes the head's way: 32 blocks, or the left up to 4 rows
-        monkeypatch.setattr(gpt_module, "FAST_LARGE_NUMEL", 0)
+        monkeypatch.setattr(fast_module, "FAST_LARGE_NUMEL", 0)
     g = torch.Generator().manual_seed(0)
     x, weight = torch.randn(rows, width, generator=g), torch.randn(out, width, generator=g)
     b = torch.randn(out, generator=g) if bias else None
-    got = _row_product(x, weight, b)
+    got = row_product(x, weight, b)
     exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
     assert got.shape == (rows, out) and got.dtype == torch.float32
     # a dot product of `width` terms, rounded in float32: within width * eps of its magnitude
@@ -160,7 +160,7 @@ def test_which_products_go_through_blocks(monkeypatch, dtype, calls):
     """On the CPU in float32 and float64, the matrices of at least FAST_MIN_NUMEL numbers: at
     d_model 256 the feed-forward's two (4 * 256 * 256 = 2 ** 18), not the attention's or the
     head (1003 * 256); in bfloat16, none. The book's model (at most 128 * 512) has none."""
-    monkeypatch.setattr(gpt_module, "FAST_MIN_NUMEL", FAST_MIN_NUMEL)
+    monkeypatch.setattr(fast_module, "FAST_MIN_NUMEL", FAST_MIN_NUMEL)
     batched = []
     baddbmm = torch.baddbmm
     monkeypatch.setattr(torch, "baddbmm", lambda *a: batched.append(1) or baddbmm(*a))
@@ -298,7 +298,7 @@ def test_generate_fast_must_be_a_bool(value):
 def count_packed(monkeypatch) -> list[int]:
     """The row counts of the products that read a packed copy, as they happen."""
     rows = []
-    call = gpt_module._PackedWeight.__call__
+    call = fast_module.PackedWeight.__call__
 
     def counted(self, x, bias):
         out = call(self, x, bias)
@@ -306,7 +306,7 @@ def count_packed(monkeypatch) -> list[int]:
             rows.append(x.shape[0])
         return out
 
-    monkeypatch.setattr(gpt_module._PackedWeight, "__call__", counted)
+    monkeypatch.setattr(fast_module.PackedWeight, "__call__", counted)
     return rows
 
 
@@ -335,7 +335,7 @@ def test_packed_logits_are_within_float32_rounding_prefill_included(monkeypatch,
     assert_within_float32_rounding(fast, ordinary, exact, eps=32)
     assert torch.equal(fast.argmax(-1), ordinary.argmax(-1))
     per_step = 6 * layers + 1                                       # six matrices a block, head
-    least = gpt_module.PACKED_MIN_ROWS
+    least = fast_module.PACKED_MIN_ROWS
     expected = [rows * prefill] * per_step if rows * prefill >= least else []
     if rows >= least:
         expected += [rows] * per_step * (idx.shape[1] - prefill)

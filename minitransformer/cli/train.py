@@ -37,6 +37,7 @@ from minitransformer.cli.common import (
     set_threads,
 )
 from minitransformer.data import random_batches, window_batches
+from minitransformer.models import ARCHITECTURES
 from minitransformer.token_files import (
     INDEX_FILE,
     LEAST_VOCAB_SIZE,
@@ -55,7 +56,7 @@ from minitransformer.training import (
     wsd_decay_start,
 )
 
-ARCHS = ("gpt", "llama")
+ARCHS = tuple(ARCHITECTURES)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 #: What a new run uses for a flag that is not given: a model that trains on the book's corpus
 #: (175 kB) in about half a minute on two CPU cores (21.5 s measured on a quiet machine).

@@ -240,7 +240,7 @@ def generate(
     frequency_penalty: float = 0.0,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
-    fast: bool = False,
+    fast: bool = True,
     sampling: SamplingParams | None = None,
 ) -> Tensor:
     """Continue each row of ``idx`` by up to ``max_new_tokens`` tokens, one at a time
@@ -280,9 +280,12 @@ def generate(
         eos_id: the token that ends a row; ``None`` runs every row ``max_new_tokens`` steps.
         fast: with the cache, step through ``model.make_fast_decode_step()`` where the model
             has that method (:meth:`GPT.make_fast_decode_step
-            <minitransformer.gpt.GPT.make_fast_decode_step>`): faster, with logits equal to
-            the ordinary step's up to float rounding instead of bit for bit. Other models, and
-            ``use_cache=False``, run as without it.
+            <minitransformer.gpt.GPT.make_fast_decode_step>`, :meth:`Llama.make_fast_decode_step
+            <minitransformer.llama.Llama.make_fast_decode_step>`): faster, with logits equal to
+            the ordinary step's up to float rounding instead of bit for bit (the greedy tokens
+            are the same unless two scores tie to within that rounding). ``fast=False`` steps
+            through ``model.make_decode_step()``, bit for bit ``forward`` (chapter 11). Other
+            models, and ``use_cache=False``, run as without it.
         sampling: the five sampling options in one :class:`SamplingParams` instead of as
             keywords (not both); its ``seed``, if any, seeds the generator (not beside
             ``generator``).
@@ -330,7 +333,7 @@ def stream_tokens(
     frequency_penalty: float = 0.0,
     stop_ids: Iterable[int] | None = None,
     generator: torch.Generator | None = None,
-    fast: bool = False,
+    fast: bool = True,
     sampling: SamplingParams | None = None,
 ) -> Iterator[int]:
     """Continue one prompt token by token, handing out each new token as soon as it is chosen:

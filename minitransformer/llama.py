@@ -30,6 +30,7 @@ from torch.nn.utils import parametrize
 from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache, check_kv_cache
+from minitransformer.fast_decode import RowProducts, pieces_pay
 from minitransformer.layers import (RMSNorm, SwiGLU, _check_layer_mask, _check_sequence,
                                     _dropout)
 from minitransformer.lm import (
@@ -534,6 +535,70 @@ class Llama(nn.Module):
 
         return step
 
+    def make_fast_decode_step(self, *, pack_weights: bool = False
+                              ) -> Callable[[Tensor, KVCache], Tensor]:
+        """:meth:`make_decode_step`'s step, faster where a batch writes one token per row, as
+        :meth:`GPT.make_fast_decode_step <minitransformer.gpt.GPT.make_fast_decode_step>` is
+        for a GPT (read its notes): the same kernels (:mod:`minitransformer.fast_decode`), the
+        same contract. Its logits equal :meth:`forward`'s up to float rounding, no longer bit
+        for bit; a prefill (several new tokens per row) is :meth:`make_decode_step`'s step,
+        bit for bit, unless ``pack_weights``; a model the shortcut cannot follow gets
+        ``forward`` itself. :func:`~minitransformer.generation.generate` and the serving
+        :class:`~minitransformer.serving.Engine` step through it by default.
+        """
+        _checks.check_type("pack_weights", pack_weights, bool, "True or False")
+        ordinary = self.make_decode_step()
+        if not self._is_as_built():
+            return ordinary                              # forward itself, in eval mode
+        c = self.config
+        blocks = [_BlockWeights.of(layer) for layer in self.layers]
+        embedding, final_norm, head = (self.token_embedding.weight, self.norm.weight,
+                                       self.head.weight)
+        width, eps = (c.d_model,), c.norm_eps
+        products = RowProducts([w for b in blocks for w in (
+            b.q_proj, b.k_proj, b.v_proj, b.out_proj, b.gate_proj, b.up_proj, b.down_proj)]
+            + [head], pack_weights=pack_weights)
+
+        def step(idx: Tensor, kv_cache: KVCache, *, attention_mask: Tensor | None = None,
+                 position_ids: Tensor | None = None) -> Tensor:
+            rows, length = idx.shape
+            packed = products.packed_now()
+            if length != 1 and not packed:               # the prefill: matrix products
+                return ordinary(idx, kv_cache, attention_mask=attention_mask,
+                                position_ids=position_ids)
+            past = kv_cache.seq_len
+            if past + length > c.context_length:
+                raise ValueError(f"positions {past} to {past + length - 1} do not fit "
+                                 f"context_length={c.context_length}")
+            if attention_mask is not None and position_ids is None:
+                position_ids = positions_from_mask(attention_mask, length)
+            x = F.embedding(idx, embedding)                           # (B, T, d_model)
+            cos, sin = (self._rotary(past, length, x) if position_ids is None
+                        else self._rotary_at(position_ids, x))
+            x = x.view(rows * length, -1)                             # (B T, d_model)
+            mask = attention_mask_for(attention_mask, length, past, idx.device)
+            way = {"packed": packed, "blockwise": pieces_pay(x)}
+
+            def split_heads(t: Tensor) -> Tensor:       # (B T, h d_h) -> (B, h, T, d_h)
+                return t.view(rows, length, -1, c.head_dim).transpose(1, 2)
+
+            for i, b in enumerate(blocks):                # the blocks of make_decode_step
+                h = F.rms_norm(x, width, b.norm1, eps)
+                q = _rotate(split_heads(products(h, b.q_proj, **way)), cos, sin)
+                k = _rotate(split_heads(products(h, b.k_proj, **way)), cos, sin)
+                v = split_heads(products(h, b.v_proj, **way))
+                k, v = kv_cache.update(i, k, v)                       # (B, h_kv, P + T, d_h)
+                attended = F.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
+                attended = attended.transpose(1, 2).reshape(rows * length, -1)
+                x = x + products(attended, b.out_proj, **way)
+                h = F.rms_norm(x, width, b.norm2, eps)
+                gated = F.silu(products(h, b.gate_proj, **way)) * products(h, b.up_proj, **way)
+                x = x + products(gated, b.down_proj, **way)
+            x = F.rms_norm(x, width, final_norm, eps)
+            return products(x, head, **way).view(rows, length, -1)      # (B, T, N)
+
+        return step
+
     def _is_as_built(self) -> bool:
         """Whether :meth:`make_decode_step`'s written-out pass computes this model's
         :meth:`forward`: Llama's own methods, sub-modules of the types Llama builds, the
@@ -658,19 +723,19 @@ def _config_from_llama(raw: dict, source: str) -> LlamaConfig:
         if raw.get(flag) not in (None, False):
             raise refuse(f"{flag} is {raw.get(flag)!r}")
     theta = raw.get("rope_theta", 10000.0)
-    for field in ("rope_scaling", "rope_parameters"):
-        rope = raw.get(field)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = raw.get(key)
         if rope is None:
             continue
         if not isinstance(rope, dict):
-            raise ValueError(f"{source}: {field} must be an object, got {rope!r}")
+            raise ValueError(f"{source}: {key} must be an object, got {rope!r}")
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind != "default":
-            raise refuse(f"{field} asks for the RoPE scaling {kind!r} (only 'default' "
+            raise refuse(f"{key} asks for the RoPE scaling {kind!r} (only 'default' "
                          f"rotary positions are implemented)")
         extra = sorted(set(rope) - {"rope_type", "type", "rope_theta"})
         if extra:                          # e.g. a "factor" without a type: not to be ignored
-            raise refuse(f"{field} holds {', '.join(extra)} for default rotary positions")
+            raise refuse(f"{key} holds {', '.join(extra)} for default rotary positions")
         theta = rope.get("rope_theta", theta)
     sizes = {name: raw.get(key) for name, key in (
         ("vocab_size", "vocab_size"), ("context_length", "max_position_embeddings"),

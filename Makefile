@@ -36,6 +36,7 @@ test: book
 # Tests that read the built book (_build/html) are left to `make test`.
 BOOK_TESTS := tests/test_book_pages.py tests/test_api_page.py
 unit: $(STAMP)
+	$(BIN)/ruff check minitransformer tests benchmarks
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL) tests/ \
 		$(addprefix --ignore=,$(BOOK_TESTS)) -q
 

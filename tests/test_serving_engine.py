@@ -87,7 +87,7 @@ def drive(engine, ids):
     raise AssertionError("the requests never finished")
 
 
-# --- tokens as alone -------------------------------------------------------------------------------
+# --- tokens as alone -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
 def test_every_request_gets_its_tokens_alone(make):
@@ -197,7 +197,7 @@ def test_the_engine_admits_what_fits_and_reports_its_state():
     assert engine.num_free_blocks == 40 and not engine.has_work
 
 
-# --- cancellation and threads ----------------------------------------------------------------------
+# --- cancellation and threads --------------------------------------------------------------------
 
 def test_cancel_frees_the_blocks_of_running_and_waiting_requests():
     model = gpt()
@@ -336,7 +336,7 @@ def test_bad_requests_and_engines_are_refused():
         Engine(gpt(), pack_weights="yes")
 
 
-# --- text ------------------------------------------------------------------------------------------
+# --- text ----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def tokenizer():

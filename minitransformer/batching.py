@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from minitransformer import _checks
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
-from minitransformer.generation import SamplingParams, _sampling_of
+from minitransformer.generation import SamplingParams, resolve_sampling
 
 
 def _check_prompts(prompts: object) -> list[list[int]]:
@@ -103,9 +103,10 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_t
     c = model.config
     prompts = _check_prompts(prompts)
     _checks.check_int("max_new_tokens", max_new_tokens, low=0)
-    sampling, _ = _sampling_of(sampling, None, None, c.vocab_size, temperature=temperature,
-                               top_k=top_k, top_p=top_p, presence_penalty=presence_penalty,
-                               frequency_penalty=frequency_penalty)
+    sampling, _ = resolve_sampling(sampling, None, None, c.vocab_size,
+                                   temperature=temperature, top_k=top_k, top_p=top_p,
+                                   presence_penalty=presence_penalty,
+                                   frequency_penalty=frequency_penalty)
     if eos_id is not None and _checks.check_int("eos_id", eos_id, low=0) >= c.vocab_size:
         raise ValueError(f"eos_id={eos_id} is not a token of the vocabulary [0, {c.vocab_size})")
     for i, prompt in enumerate(prompts):

@@ -306,7 +306,7 @@ def generate(
     _check_prompt(model, config, idx, max_new_tokens)
     _checks.check_type("use_cache", use_cache, bool, "True or False")
     _checks.check_type("fast", fast, bool, "True or False")
-    sampling, generator = _sampling_of(
+    sampling, generator = resolve_sampling(
         sampling, generator, idx.device, config.vocab_size, temperature=temperature,
         top_k=top_k, top_p=top_p, presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty)
@@ -381,7 +381,7 @@ def stream_tokens(
     idx = torch.tensor([ids], dtype=torch.long, device=device)              # (1, T)
     _check_prompt(model, config, idx, max_new_tokens, name="prompt", device=device)
     _checks.check_type("fast", fast, bool, "True or False")
-    sampling, generator = _sampling_of(
+    sampling, generator = resolve_sampling(
         sampling, generator, idx.device, config.vocab_size, temperature=temperature,
         top_k=top_k, top_p=top_p, presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty)
@@ -402,12 +402,19 @@ _LOOSE_DEFAULTS = {"temperature": 1.0, "top_k": None, "top_p": None, "presence_p
                    "frequency_penalty": 0.0}
 
 
-def _sampling_of(sampling: object, generator: torch.Generator | None, device: torch.device,
+def resolve_sampling(sampling: object, generator: torch.Generator | None, device: torch.device,
                  vocab_size: int, **loose: object
                  ) -> tuple[SamplingParams, torch.Generator | None]:
     """The :class:`SamplingParams` and generator of a call that takes ``sampling=`` or the five
     loose keyword options (not both), checked for ``vocab_size`` words; ``sampling.seed``
-    makes a generator on ``device`` (not beside ``generator=``)."""
+    makes a generator on ``device`` (not beside ``generator=``). What :func:`generate`,
+    :func:`stream_tokens` and :func:`~minitransformer.batching.generate_batch` do with their
+    options.
+
+    Raises:
+        TypeError, ValueError: a bad option, ``sampling`` beside a loose option, or
+            ``sampling.seed`` beside ``generator``.
+    """
     if sampling is None:
         return SamplingParams(**loose).check_vocab(vocab_size), generator
     _checks.check_type("sampling", sampling, SamplingParams, "a SamplingParams")

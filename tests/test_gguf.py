@@ -430,8 +430,9 @@ def test_from_gguf_equals_transformers_on_a_small_file(tmp_path, tiny_llama):
 @pytest.mark.parametrize("changes, message", [
     ({"general.architecture": "qwen2"}, r"tiny.gguf: general.architecture is 'qwen2', not "
                                         r"'llama'"),
-    ({"llama.embedding_length": 64, "llama.rope.dimension_count": None}, r"token_embd.weight has shape \(64, 32\), but the "
-                                     r"metadata says \(64, 64\) \(llama.embedding_length = 64\)"),
+    ({"llama.embedding_length": 64, "llama.rope.dimension_count": None},
+     r"token_embd.weight has shape \(64, 32\), but the "
+     r"metadata says \(64, 64\) \(llama.embedding_length = 64\)"),
     ({"llama.feed_forward_length": 40}, r"blk.0.ffn_gate.weight has shape \(48, 32\), but the "
                                         r"metadata says \(40, 32\) "
                                         r"\(llama.feed_forward_length = 40\)"),

@@ -1,4 +1,5 @@
-"""GGUF, the one-file model format of llama.cpp, read and written from its specification.
+"""GGUF, the one-file model format of llama.cpp, read and written from its specification
+(chapter 19: a real model, SmolLM2-135M-Instruct, in our own code).
 
 A GGUF file is, in order (all numbers little-endian):
 
@@ -16,6 +17,8 @@ A GGUF file is, in order (all numbers little-endian):
 A tensor is stored in blocks: each GGML type packs ``block_size`` numbers into ``type_size``
 bytes. :class:`GGUFFile` reads the header and maps the data, so a tensor's bytes are read
 only when :meth:`GGUFFile.tensor` dequantises it; :func:`write_gguf` writes a file.
+:func:`load_llama` (``Llama.from_gguf``) builds a :class:`~minitransformer.llama.Llama` from
+one, through the name table :data:`LLAMA_GGUF_NAMES`.
 """
 
 from __future__ import annotations

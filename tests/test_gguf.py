@@ -533,3 +533,13 @@ def test_metadata_round_trip(metadata, alignment):
         assert f.metadata == expected and f.alignment == alignment
         assert all(f.metadata_types[k] == t for k, (_, t) in metadata.items())
         assert torch.equal(f.tensor("w"), torch.ones(3))
+
+
+def test_arrays_nested_too_deep_are_refused(tmp_path):
+    value = 1
+    for _ in range(40):
+        value = [value]
+    path = tmp_path / "deep.gguf"
+    write_gguf(path, {"k": value}, {})
+    with pytest.raises(ValueError, match="deep.gguf: k nests arrays more than 16 deep"):
+        GGUFFile(path)

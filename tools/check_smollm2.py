@@ -7,9 +7,8 @@ For each of the chat prompts of tests/test_smollm2.py (token ids by transformers
 from the GGUF file), both models continue greedily for ``--tokens`` tokens, each with its own KV
 cache: ours with ``Llama.from_gguf`` and ``minitransformer.generate(temperature=0)``, theirs with
 ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=name)`` called step by step with its
-``past_key_values``. Neither stops at the end-of-turn token, so every prompt compares the same
-number of tokens. It
-prints the CPU time of dequantising the whole file (one thread), the largest logit difference
+``cache``. Neither stops at the end-of-turn token, so every prompt compares the same number of
+tokens. It prints the CPU time of dequantising the whole file (one thread), the largest logit difference
 on the prompts relative to the largest logit, and how many prompts agree on every new token.
 Exit status 1 when a figure misses its target (2 s, 1e-4, all prompts).
 """
@@ -42,7 +41,7 @@ def greedy(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
     for _ in range(new_tokens):
         ids = torch.cat([ids, out.logits[:, -1:].argmax(-1)], dim=1)
         if _ + 1 < new_tokens:
-            out = model(ids[:, -1:], past_key_values=out.past_key_values, use_cache=True)
+            out = model(ids[:, -1:], cache=out.cache, use_cache=True)
     return ids
 
 

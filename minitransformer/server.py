@@ -403,8 +403,8 @@ class _Settings:
         n = _integer(body, "n", 1, low=1)
         if n != 1:
             raise OpenAIError(f"n must be 1: this server writes one choice per request, got "
-                              f"n={n} (send {n} requests, with different seeds)", param="n",
-                              code="unsupported_value")
+                              f"n={_show(n)} (send one request per choice, with different "
+                              f"seeds)", param="n", code="unsupported_value")
         self.temperature = _number(body, "temperature", 1.0, low=0.0)
         self.top_p = _number(body, "top_p", None, low=0.0, high=1.0, low_open=True)
         self.presence_penalty = _number(body, "presence_penalty", 0.0, low=-2.0, high=2.0)
@@ -447,8 +447,9 @@ def _max_tokens(body: dict, names: tuple[str, ...], prompt_tokens: int, context:
     if value is None:
         value = room if default is None else min(default, room)
     if value > room:
-        raise OpenAIError(f"{name} is {value}, but the prompt is {prompt_tokens} tokens and "
-                          f"the model's context {context}: at most {room} new tokens fit",
+        raise OpenAIError(f"{name} is {_show(value)}, but the prompt is {prompt_tokens} "
+                          f"tokens and the model's context {context}: at most {room} new "
+                          f"tokens fit",
                           param=name, code="context_length_exceeded")
     return value
 

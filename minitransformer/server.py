@@ -811,7 +811,7 @@ def _metrics(worker: _Worker) -> str:
         metric(prefix + "kv_blocks_free", "gauge", "KV cache blocks free.", free)
         for name, histogram, help_text in (
                 ("time_to_first_token_seconds", worker.ttft,
-                 "Seconds from a request's arrival to its first token."),
+                 "Seconds from a request's entry in the queue to its first token."),
                 ("inter_token_latency_seconds", worker.itl,
                  "Seconds between a request's consecutive tokens.")):
             metric(prefix + name, "histogram", help_text)

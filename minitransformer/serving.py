@@ -65,8 +65,6 @@ from minitransformer.generation import _check_sampling, _choose
 from minitransformer.paged_cache import BLOCK_SIZE, BlockPool
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
-#: The seeds a ``torch.Generator`` takes.
-SEED_RANGE = (0, 2**64 - 1)
 
 
 class Request:
@@ -107,7 +105,7 @@ class Request:
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.presence_penalty, self.frequency_penalty = presence_penalty, frequency_penalty
         self.seed = None if seed is None else _checks.check_int("seed", seed, low=0)
-        if self.seed is not None and self.seed > SEED_RANGE[1]:
+        if self.seed is not None and self.seed > 2**64 - 1:
             raise ValueError(f"seed must be in [0, 2**64 - 1] (what a torch.Generator takes), "
                              f"got {seed}")
         stops = (stop,) if isinstance(stop, str) else stop

@@ -143,7 +143,7 @@ def test_bodies_of_10_mb_are_refused_by_size_and_hold_up_no_one(served):
     for reply in replies:
         assert "10,000" not in reply.text
         assert_openai_error(reply, 413, "request_too_large")
-    assert took < max(1.0, 10 * alone), (took, alone)
+    assert took < max(2.0, 10 * alone), (took, alone)
 
 
 def test_a_prompt_too_long_by_its_bytes_is_refused_before_it_is_tokenized(served, monkeypatch):
@@ -162,13 +162,13 @@ def test_a_prompt_too_long_by_its_bytes_is_refused_before_it_is_tokenized(served
 
 
 def test_tokenizing_runs_off_the_event_loop(served, monkeypatch):
-    """A prompt that takes 2 s to tokenize (a long one of a large model) leaves the server
+    """A prompt that takes 4 s to tokenize (a long one of a large model) leaves the server
     free to answer a 3-token request meanwhile."""
     encode = served.tokenizer.encode
 
     def slow_encode(text, *args, **kwargs):
         if text.startswith("SLOW"):
-            time.sleep(2.0)
+            time.sleep(4.0)
         return encode(text, *args, **kwargs)
 
     monkeypatch.setattr(served.tokenizer, "encode", slow_encode)
@@ -179,7 +179,7 @@ def test_tokenizing_runs_off_the_event_loop(served, monkeypatch):
         took = timed_small_request(served)
         assert not slow.done()                        # the slow one is still tokenizing
         assert slow.result().usage.completion_tokens == 2
-    assert took < 1.5, took
+    assert took < 3.0, took
 
 
 # ----- the queue -----------------------------------------------------------------------------

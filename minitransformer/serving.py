@@ -21,14 +21,14 @@ tokens would otherwise pad every one-token decode row to its length. A new reque
 runs alone (TTFT is one prefill after admission); on the CPU a prefill is already a large
 matrix product, and batching prefills buys little.
 
-A GPT runs both through :meth:`~minitransformer.gpt.GPT.make_fast_decode_step`'s step with
+A GPT or a Llama runs both through its ``make_fast_decode_step``'s step
+(:meth:`GPT.make_fast_decode_step <minitransformer.gpt.GPT.make_fast_decode_step>`) with
 ``pack_weights=True``: its weights packed once, when the engine is made, in oneDNN's layout,
 which multiplied GPT-2 small's matrices by 3 to 16 rows in 0.6-0.9 of the time of the
 unpacked blocks; one or two rows take the blocks of weight rows, which both threads share.
 That costs the weights once more in memory, and makes the first token equal to the one it gets
 alone up to float rounding rather than bit for bit. ``pack_weights=False`` prefills with
 ``make_decode_step``'s step (bit for bit ``forward``) and decodes with the unpacked fast step.
-A Llama takes its ``make_decode_step`` for both.
 
 The keys and values live in a :class:`~minitransformer.paged_cache.BlockPool`. A request takes
 a block each time its last one fills. When the pool is empty, the youngest running request is
@@ -61,7 +61,7 @@ import torch
 from torch import Tensor, nn
 
 from minitransformer import _checks
-from minitransformer.generation import _check_sampling, _choose
+from minitransformer.generation import SamplingParams
 from minitransformer.paged_cache import BLOCK_SIZE, BlockPool
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
@@ -77,7 +77,9 @@ class Request:
             :func:`~minitransformer.generation.sample_next`; ``temperature=0`` is greedy.
         seed: seeds the request's own ``torch.Generator``: its draws are those of
             ``generate(..., generator=torch.Generator().manual_seed(seed))``; ``None`` draws
-            from PyTorch's global generator. From 0 to ``2**64 - 1``.
+            from PyTorch's global generator; from 0 to ``2**64 - 1``. The five options and the
+            seed are kept together as ``request.sampling``, a
+            :class:`~minitransformer.generation.SamplingParams`.
         stop: a string or strings that end the text; the text stops before it.
         stop_token_ids: the tokens that end the request (not in its text); ``None`` takes the
             engine's ``eos_ids``.
@@ -87,25 +89,21 @@ class Request:
     """
 
     __slots__ = ("prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop",
-                 "presence_penalty", "frequency_penalty", "stop_token_ids")
+                 "presence_penalty", "frequency_penalty", "stop_token_ids", "sampling")
 
     def __init__(self, prompt_ids: Sequence[int], *, max_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] = (), presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0,
                  stop_token_ids: Sequence[int] | None = None):
-        self.prompt_ids = _check_ids("prompt_ids", prompt_ids)
-        if not self.prompt_ids:
-            raise ValueError("prompt_ids is empty: a request needs at least one token")
+        self.prompt_ids = _checks.check_id_list("prompt_ids", prompt_ids, allow_empty=False)
         self.max_tokens = _checks.check_int("max_tokens", max_tokens)
-        _check_sampling(temperature, top_k, None, presence_penalty, frequency_penalty,
-                        float("inf"))
-        if top_p is not None and not 0 < _checks.check_number("top_p", top_p) <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        self.sampling = SamplingParams(temperature, top_k, top_p, presence_penalty,
+                                       frequency_penalty, seed)
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.presence_penalty, self.frequency_penalty = presence_penalty, frequency_penalty
-        self.seed = None if seed is None else _checks.check_int("seed", seed, low=0)
-        if self.seed is not None and self.seed > 2**64 - 1:
+        self.seed = seed
+        if seed is not None and seed > 2**64 - 1:
             raise ValueError(f"seed must be in [0, 2**64 - 1] (what a torch.Generator takes), "
                              f"got {seed}")
         stops = (stop,) if isinstance(stop, str) else stop
@@ -117,7 +115,7 @@ class Request:
                                  "once")
         self.stop = tuple(stops)
         self.stop_token_ids = (None if stop_token_ids is None
-                               else _check_ids("stop_token_ids", stop_token_ids))
+                               else _checks.check_id_list("stop_token_ids", stop_token_ids))
 
     def __repr__(self) -> str:
         return (f"Request({len(self.prompt_ids)} prompt tokens, max_tokens={self.max_tokens}, "
@@ -138,16 +136,6 @@ def _check_finite_weights(model: nn.Module) -> None:
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"the model's {name} holds NaN or infinity: it cannot generate "
                              f"(a checkpoint damaged, or a training run that diverged)")
-
-
-def _check_ids(name: str, ids: object) -> list[int]:
-    if isinstance(ids, Tensor):
-        if ids.ndim != 1:
-            raise ValueError(f"{name} must be one row of token ids, got shape "
-                             f"{_checks.shape(ids)}")
-        ids = ids.tolist()
-    _checks.check_type(name, ids, (list, tuple), "a list of token ids")
-    return [_checks.check_int(f"{name}[{i}]", t, low=0) for i, t in enumerate(ids)]
 
 
 class Event(NamedTuple):
@@ -186,9 +174,8 @@ class _Sequence:
         self.blocks: list[int] = []
         self.cached = 0                              # positions whose keys are in the blocks
         self.stop_ids = stop_ids
-        self.generator = (None if request.seed is None
-                          else torch.Generator(device).manual_seed(request.seed))
-        penalised = request.presence_penalty or request.frequency_penalty
+        self.generator = request.sampling.make_generator(device)
+        penalised = request.sampling.penalised
         self.counts = (torch.zeros(1, vocab_size, dtype=torch.long, device=device)
                        if penalised else None)
         self.greedy = request.temperature == 0 and not penalised
@@ -207,9 +194,7 @@ class _Sequence:
 
     def choose(self, logits: Tensor) -> int:
         """The next token from this row's scores ``(1, V)``, as ``generate`` picks it."""
-        r = self.request
-        return int(_choose(logits, r.temperature, r.top_k, r.top_p, r.presence_penalty,
-                           r.frequency_penalty, self.counts, self.generator)[0])
+        return int(self.request.sampling.choose(logits, self.counts, self.generator)[0])
 
     def text_of(self, piece: str, final: bool) -> tuple[str, bool]:
         """The text that may go out after ``piece``, and whether a stop string ended it."""
@@ -247,7 +232,7 @@ class Engine:
         eos_ids: the tokens that end a request (``stop``); ``None`` takes the tokenizer's chat
             tokens (``<|end|>`` and the role markers, as ``minitransformer chat`` stops), or
             none without a tokenizer.
-        pack_weights: a GPT's weights also packed for the CPU's matrix products (see the
+        pack_weights: the model's weights also packed for the CPU's matrix products (see the
             module's notes; twice the weights' memory); ``False``: not, and the prefill is
             ``forward``'s bit for bit.
 
@@ -259,11 +244,9 @@ class Engine:
     def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
                  kv_blocks: int = 256, block_size: int = BLOCK_SIZE,
                  eos_ids: Sequence[int] | None = None, pack_weights: bool = True):
-        from minitransformer.gpt import GPT
-        from minitransformer.llama import Llama
+        from minitransformer.models import architecture_of
 
-        if not isinstance(model, (GPT, Llama)):
-            raise TypeError(f"model must be a GPT or a Llama, got {type(model).__name__}")
+        architecture_of(model)               # a GPT or a Llama: both have the fast step
         if tokenizer is not None and not callable(getattr(tokenizer, "token_bytes", None)):
             raise TypeError(f"tokenizer must be a BPETokenizer (with token_bytes), got "
                             f"{type(tokenizer).__name__}")
@@ -283,15 +266,16 @@ class Engine:
 
             special = getattr(tokenizer, "special_tokens", None) or {}
             eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
-        self.eos_ids = frozenset(self._check_vocab("eos_ids", _check_ids("eos_ids", eos_ids)))
+        self.eos_ids = frozenset(self._check_vocab("eos_ids",
+                                                   _checks.check_id_list("eos_ids", eos_ids)))
         # special tokens write no text, as transformers' decode(skip_special_tokens=True)
         self._special_ids = frozenset((getattr(tokenizer, "special_tokens", None) or {}).values())
-        fast = getattr(model, "make_fast_decode_step", None)          # GPT's; not Llama's
-        if fast is not None and pack_weights:
-            self._prefill_step = self._decode_step = fast(pack_weights=True)
+        if pack_weights:
+            self._prefill_step = self._decode_step = model.make_fast_decode_step(
+                pack_weights=True)
         else:
-            self._prefill_step = model.make_decode_step()  # bit for bit forward: generate's
-            self._decode_step = fast() if fast is not None else self._prefill_step
+            self._prefill_step = model.make_decode_step()  # bit for bit forward
+            self._decode_step = model.make_fast_decode_step()
         self._lock = threading.Lock()                 # the queue, the ids, the cancellations
         self._step_lock = threading.Lock()            # one step at a time
         self._next_id = 0
@@ -316,9 +300,7 @@ class Engine:
         _checks.check_type("request", request, Request, "a Request")
         c = self.config
         self._check_vocab("prompt_ids", request.prompt_ids)
-        if request.top_k is not None and request.top_k > c.vocab_size:
-            raise ValueError(f"top_k must be at most the vocabulary size {c.vocab_size}, got "
-                             f"{request.top_k}")
+        request.sampling.check_vocab(c.vocab_size)
         stop_ids = (self.eos_ids if request.stop_token_ids is None else
                     frozenset(self._check_vocab("stop_token_ids", request.stop_token_ids)))
         total = len(request.prompt_ids) + request.max_tokens

@@ -51,15 +51,16 @@ from minitransformer.lora import (
     save_adapter,
     trainable_parameters,
 )
+from minitransformer.models import ARCHITECTURES
 from minitransformer.sft import sft_batch
-from minitransformer.training import BAR_FORMAT, TrainingLoop, _optimizer
+from minitransformer.training import BAR_FORMAT, TrainingLoop, make_optimizer
 
 #: What a new run uses for a flag that is not given.
 DEFAULTS = {"steps": 100, "batch_size": 8, "lr": 1e-3, "seed": 0}
 #: LoRA's layers when --lora-targets is not given: PEFT's default for Llama (the query and
 #: value projections); for GPT, whose query, key and value are one fused layer in GPT-2's
 #: files (which PEFT cannot express as ours), the attention's output and the MLP's layers.
-LORA_TARGETS = {"Llama": ["q_proj", "v_proj"], "GPT": ["out_proj", "linear1", "linear2"]}
+LORA_TARGETS = {a.model.__name__: list(a.lora_targets) for a in ARCHITECTURES.values()}
 #: Flags that decide the run: on --resume they come from the checkpoint (as in ``train``).
 RUN_FLAGS = ("model", "data", *DEFAULTS, "lora_rank", "lora_alpha", "lora_targets")
 MERGED = "merged"
@@ -257,7 +258,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     context = model.config.context_length
     counts = _assistant_tokens(tokenizer, conversations, context, s["data"])
     generator = torch.Generator().manual_seed(s["seed"])
-    optimizer = _optimizer(model, s["lr"], 0.1)
+    optimizer = make_optimizer(model, s["lr"], 0.1)
     wrapped = distributed(_Weighted(model), procs)
     loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],
                         warmup_steps=s["warmup_steps"], eval_every=args.log_every,

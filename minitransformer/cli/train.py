@@ -37,6 +37,7 @@ from minitransformer.cli.common import (
     set_threads,
 )
 from minitransformer.data import random_batches, window_batches
+from minitransformer.models import ARCHITECTURES
 from minitransformer.token_files import (
     INDEX_FILE,
     LEAST_VOCAB_SIZE,
@@ -51,11 +52,11 @@ from minitransformer.training import (
     BAR_FORMAT,
     SCHEDULES,
     TrainingLoop,
-    _optimizer,
+    make_optimizer,
     wsd_decay_start,
 )
 
-ARCHS = ("gpt", "llama")
+ARCHS = tuple(ARCHITECTURES)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 #: What a new run uses for a flag that is not given: a model that trains on the book's corpus
 #: (175 kB) in about half a minute on two CPU cores (21.5 s measured on a quiet machine).
@@ -469,7 +470,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                               num_layers=s["num_layers"], num_heads=s["num_heads"],
                               d_model=s["d_model"], dropout=s["dropout"])
         model = model_class(config, device=procs.device, dtype=dtype)
-    optimizer = _optimizer(model, s["lr"], 0.1)
+    optimizer = make_optimizer(model, s["lr"], 0.1)
     wrapped = distributed(model, procs)
     val = [(x.to(procs.device), y.to(procs.device)) for x, y in val]
     loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],

@@ -9,8 +9,16 @@ turns the engine's events back into OpenAI's JSON, whole or streamed as server-s
 requests share every forward pass.
 
 A bad request gets HTTP 400 and OpenAI's error JSON, ``{"error": {"message", "type", "param",
-"code"}}``, before anything is generated. A client that goes away is cancelled in the engine,
-which frees its cache blocks.
+"code"}}``, before anything is generated (404 for a model it does not serve, 413 for a body
+past its size, 503 with ``Retry-After`` when ``max_queue`` requests wait already). A client
+that goes away is cancelled in the engine, which frees its cache blocks. Nothing one request
+does blocks the others: the body's size is checked as it arrives, a prompt's length is bounded
+from its bytes before it is tokenized, and tokenizing runs in a thread.
+
+Beside OpenAI's routes: ``GET /health`` (200 while the engine runs), ``GET /metrics``
+(Prometheus' text format), ``POST /tokenize`` and ``/detokenize`` (as vLLM names them). With
+``api_key``, every ``/v1`` route asks for ``Authorization: Bearer KEY``; ``allowed_origins``
+lets pages of those origins call the API (CORS).
 
 ``python -m minitransformer serve`` (:mod:`minitransformer.cli.serve`) runs it with uvicorn.
 """
@@ -18,21 +26,25 @@ which frees its cache blocks.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import hashlib
+import hmac
 import json
 import logging
 import math
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from importlib import resources
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
 from minitransformer.chat import CHAT_TOKENS, ROLE_TOKENS, check_chat_tokenizer
-from minitransformer._checks import check_type
+from minitransformer._checks import check_int, check_type
 from minitransformer.serving import Engine
 from minitransformer.serving import Request as EngineRequest
 
@@ -42,7 +54,7 @@ log = logging.getLogger("minitransformer.server")
 
 #: Parameters of OpenAI's API that this server has no use for, accepted at these values only
 #: (what a client sends when it means "off"); any other value is refused by name.
-NEUTRAL = {"user": None, "logprobs": (None, False), "top_logprobs": (None, 0),
+NEUTRAL = {"user": str, "logprobs": (None, False), "top_logprobs": (None, 0),
            "logit_bias": (None, {}), "echo": (None, False), "best_of": (None, 1),
            "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
            "response_format": (None, {"type": "text"}), "parallel_tool_calls": None,
@@ -51,27 +63,79 @@ SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_pena
             "frequency_penalty", "n", "stream", "stream_options", "model")
 CHAT_FIELDS = {"messages", "max_completion_tokens", *SAMPLING}
 COMPLETION_FIELDS = {"prompt", *SAMPLING}
+#: The deepest a request's JSON may nest (OpenAI's requests need 5 levels).
+MAX_DEPTH = 32
+#: Requests that may wait for a row of the batch, past those that run, by default.
+MAX_QUEUE = 64
+#: The seconds a client is asked to wait (``Retry-After``) when the queue is full.
+RETRY_AFTER = 1
 
 
 class OpenAIError(Exception):
     """A request the server refuses: HTTP ``status`` with OpenAI's error JSON."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 status: int = 400, kind: str = "invalid_request_error") -> None:
+                 status: int = 400, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message, self.param, self.code, self.status, self.kind = (
             message, param, code, status, kind)
+        self.headers = headers
 
     def response(self) -> JSONResponse:
         return error_response(self.status, self.message, param=self.param, code=self.code,
-                              kind=self.kind)
+                              kind=self.kind, headers=self.headers)
 
 
 def error_response(status: int, message: str, *, param: str | None = None,
-                   code: str | None = None, kind: str = "invalid_request_error"
-                   ) -> JSONResponse:
+                   code: str | None = None, kind: str = "invalid_request_error",
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param,
-                                   "code": code}}, status_code=status)
+                                   "code": code}}, status_code=status, headers=headers)
+
+
+def _model_not_found(name: object, model_name: str) -> OpenAIError:
+    return OpenAIError(f"the model {_show(name)} does not exist: this server serves "
+                       f"{json.dumps(model_name)}", param="model", code="model_not_found",
+                       status=404)
+
+
+def _show(value: object, limit: int = 80) -> str:
+    """A value of a request, as JSON, cut at ``limit`` characters (a number of 400 digits or a
+    whole book in an error message helps nobody)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (ValueError, RecursionError):   # ints past Python's digit limit, deep nesting
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# ----- metrics -------------------------------------------------------------------------------
+
+class _Histogram:
+    """A Prometheus histogram: counts of observations at or below each bound."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = list(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)      # the last: above every bound
+        self.total, self.count = 0.0, 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, count in zip([*self.bounds, math.inf], self.counts):
+            running += count
+            le = "+Inf" if bound == math.inf else repr(float(bound))
+            out.append(f'{name}_bucket{{le="{le}"}} {running}')
+        return out + [f"{name}_sum {self.total!r}", f"{name}_count {self.count}"]
+
+
+LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+                  0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
 # ----- one worker thread steps the engine ---------------------------------------------------
@@ -80,13 +144,30 @@ class _Worker:
     """Calls ``engine.step()`` in a thread of its own while the engine has work, and hands each
     event to the queue of its request (on the event loop that submitted it)."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, max_queue: int) -> None:
         self.engine = engine
+        self.max_queue = max_queue
         self._lock = threading.Lock()     # a request's queue is known before its first event
         self._wake = threading.Event()
         self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False
+        self.draining = False             # the server stops: no new request is taken
         self._thread: threading.Thread | None = None
+        # metrics: when each request was sent or wrote its last token
+        self._last: dict[int, tuple[float, bool]] = {}
+        self.tokens = self.requests = 0
+        self.ttft = _Histogram(LATENCY_BOUNDS)
+        self.itl = _Histogram(LATENCY_BOUNDS)
+
+    @property
+    def not_started(self) -> bool:
+        return self._thread is None
+
+    @property
+    def serving(self) -> bool:
+        """Whether the engine's thread runs and takes requests."""
+        return (self._thread is not None and self._thread.is_alive() and not self._stopping
+                and not self.draining)
 
     @property
     def in_flight(self) -> int:
@@ -96,7 +177,7 @@ class _Worker:
         """Start the thread (again, when the app is served again after a stop)."""
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("the app is being served already: one server per app")
-        self._stopping = False
+        self._stopping = self.draining = False
         self._thread = threading.Thread(target=self._run, name="minitransformer-engine",
                                         daemon=True)
         self._thread.start()
@@ -104,20 +185,29 @@ class _Worker:
     def submit(self, request: EngineRequest) -> tuple[int, asyncio.Queue]:
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         with self._lock:
-            if self._stopping:
+            if self._stopping or self.draining:
                 raise OpenAIError("the server is shutting down", status=503,
                                   kind="server_error", code="shutting_down")
+            if len(self._queues) >= self.engine.max_batch + self.max_queue:
+                raise OpenAIError(
+                    f"the server is busy: {self.engine.max_batch} requests run and "
+                    f"{self.max_queue} wait already; try again shortly", status=503,
+                    kind="server_error", code="server_busy",
+                    headers={"Retry-After": str(RETRY_AFTER)})
             try:
                 request_id = self.engine.submit(request)
             except ValueError as exc:       # longer than the context, or than the whole pool
                 raise OpenAIError(str(exc), code="invalid_value") from None
             self._queues[request_id] = (loop, queue)
+            self._last[request_id] = (time.perf_counter(), False)
+            self.requests += 1
         self._wake.set()
         return request_id, queue
 
     def cancel(self, request_id: int) -> None:
         """Stop a request that is still running (its client left); its blocks are freed."""
         with self._lock:
+            self._last.pop(request_id, None)
             if self._queues.pop(request_id, None) is None:
                 return                      # finished already
             self.engine.cancel(request_id)
@@ -153,8 +243,10 @@ class _Worker:
                     self._fail_all("the engine failed; see the server's log")
                 time.sleep(0.1)             # a failure that repeats must not spin
                 continue
+            now = time.perf_counter()
             with self._lock:
                 for event in events:
+                    self._time(event, now)
                     target = self._queues.get(event.request_id)
                     if target is None:
                         continue
@@ -162,10 +254,22 @@ class _Worker:
                         del self._queues[event.request_id]
                     _put(target, event)
 
+    def _time(self, event, now: float) -> None:
+        """Count a token, and the time it took (first token, or the gap since the last)."""
+        if event.token_id is not None:
+            self.tokens += 1
+            if event.request_id in self._last:
+                since, written = self._last[event.request_id]
+                (self.itl if written else self.ttft).observe(now - since)
+                self._last[event.request_id] = (now, True)
+        if event.finish_reason is not None:
+            self._last.pop(event.request_id, None)
+
     def _fail_all(self, message: str) -> None:
         for target in self._queues.values():
             _put(target, OpenAIError(message, status=500, kind="server_error"))
         self._queues.clear()
+        self._last.clear()
 
 
 def _put(target: tuple[asyncio.AbstractEventLoop, asyncio.Queue], item: object) -> None:
@@ -190,6 +294,13 @@ async def _events(worker: _Worker, request_id: int, queue: asyncio.Queue) -> Asy
                 return
             if isinstance(event, OpenAIError):
                 raise event
+            if event.finish_reason == "error":
+                finished = True
+                raise OpenAIError(
+                    "the model's scores became NaN or infinite, so no token could be chosen: "
+                    "the model is broken (its weights, or numbers past its precision); the "
+                    "answer was stopped", status=422, kind="model_error",
+                    code="non_finite_scores")
             finished = event.finish_reason is not None
             yield event
             if finished:
@@ -214,18 +325,24 @@ def _number(body: dict, name: str, default: float | None, *, low: float | None =
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-            value):
-        raise OpenAIError(f"{name} must be a number, got {json.dumps(value)}", param=name,
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OpenAIError(f"{name} must be a number, got {_show(value)}", param=name,
                           code="invalid_type")
-    too_low = low is not None and (value <= low if low_open else value < low)
-    if too_low or (high is not None and value > high):
+    try:
+        number = float(value)
+    except OverflowError:                   # an int of 400 digits is past every float
+        number = math.inf
+    if not math.isfinite(number):
+        raise OpenAIError(f"{name} must be a finite number, got {_show(value)}", param=name,
+                          code="invalid_value")
+    too_low = low is not None and (number <= low if low_open else number < low)
+    if too_low or (high is not None and number > high):
         lower = "more than" if low_open else "at least"
         bounds = (f"{lower} {low:g}" if high is None else
                   f"in {'(' if low_open else '['}{low:g}, {high:g}]")
-        raise OpenAIError(f"{name} must be {bounds}, got {value}", param=name,
+        raise OpenAIError(f"{name} must be {bounds}, got {_show(value)}", param=name,
                           code="invalid_value")
-    return float(value)
+    return number
 
 
 def _integer(body: dict, name: str, default: int | None, *, low: int | None = None,
@@ -234,13 +351,13 @@ def _integer(body: dict, name: str, default: int | None, *, low: int | None = No
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise OpenAIError(f"{name} must be an integer, got {json.dumps(value)}", param=name,
+        raise OpenAIError(f"{name} must be an integer, got {_show(value)}", param=name,
                           code="invalid_type")
     if low is not None and value < low:
-        raise OpenAIError(f"{name} must be at least {low}, got {value}", param=name,
+        raise OpenAIError(f"{name} must be at least {low}, got {_show(value)}", param=name,
                           code="invalid_value")
     if high is not None and value > high:
-        raise OpenAIError(f"{name} must be at most {high}, got {value}", param=name,
+        raise OpenAIError(f"{name} must be at most {high}, got {_show(value)}", param=name,
                           code="invalid_value")
     return value
 
@@ -253,7 +370,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     if (not isinstance(stops, list) or not 1 <= len(stops) <= 4
             or not all(isinstance(s, str) and s for s in stops)):
         raise OpenAIError(f"stop must be a non-empty string or a list of 1 to 4 of them, got "
-                          f"{json.dumps(stop)}", param="stop", code="invalid_value")
+                          f"{_show(stop)}", param="stop", code="invalid_value")
     return tuple(stops)
 
 
@@ -264,6 +381,11 @@ class _Settings:
         for name in body:
             if name in NEUTRAL:
                 allowed = NEUTRAL[name]
+                if isinstance(allowed, type):   # any value of this type (or null)
+                    if body[name] is not None and not isinstance(body[name], allowed):
+                        raise OpenAIError(f"{name} must be a string, got {_show(body[name])}",
+                                          param=name, code="invalid_type")
+                    continue
                 allowed = allowed if isinstance(allowed, tuple) else (allowed,)
                 if allowed != (None,) and body[name] not in allowed:
                     raise OpenAIError(f"{name} is not supported by this server (only "
@@ -273,15 +395,16 @@ class _Settings:
                 raise OpenAIError(f"unknown parameter: {name}", param=name,
                                   code="unknown_parameter")
         model = body.get("model")
+        if model is None:
+            raise OpenAIError(f"model is missing: this server serves {json.dumps(model_name)}",
+                              param="model", code="missing_required_parameter")
         if model != model_name:
-            raise OpenAIError(f"the model {json.dumps(model)} does not exist: this server "
-                              f"serves {json.dumps(model_name)}", param="model",
-                              code="model_not_found")
+            raise _model_not_found(model, model_name)
         n = _integer(body, "n", 1, low=1)
         if n != 1:
             raise OpenAIError(f"n must be 1: this server writes one choice per request, got "
-                              f"n={n} (send {n} requests, with different seeds)", param="n",
-                              code="unsupported_value")
+                              f"n={_show(n)} (send one request per choice, with different "
+                              f"seeds)", param="n", code="unsupported_value")
         self.temperature = _number(body, "temperature", 1.0, low=0.0)
         self.top_p = _number(body, "top_p", None, low=0.0, high=1.0, low_open=True)
         self.presence_penalty = _number(body, "presence_penalty", 0.0, low=-2.0, high=2.0)
@@ -290,7 +413,7 @@ class _Settings:
         self.stop = _stop(body)
         stream = body.get("stream")
         if stream is not None and not isinstance(stream, bool):
-            raise OpenAIError(f"stream must be true or false, got {json.dumps(stream)}",
+            raise OpenAIError(f"stream must be true or false, got {_show(stream)}",
                               param="stream", code="invalid_type")
         self.stream = bool(stream)
         options = body.get("stream_options")
@@ -318,13 +441,15 @@ def _max_tokens(body: dict, names: tuple[str, ...], prompt_tokens: int, context:
     """The most tokens to write: the first of ``names`` given, else ``default``, else all the
     room the context leaves; refused past the context."""
     room = context - prompt_tokens
-    name = next((n for n in names if body.get(n) is not None), names[0])
-    value = _integer(body, name, None, low=1)
+    given = {n: _integer(body, n, None, low=1) for n in names}      # each one is checked
+    name = next((n for n in names if given[n] is not None), names[0])
+    value = given[name]
     if value is None:
         value = room if default is None else min(default, room)
     if value > room:
-        raise OpenAIError(f"{name} is {value}, but the prompt is {prompt_tokens} tokens and "
-                          f"the model's context {context}: at most {room} new tokens fit",
+        raise OpenAIError(f"{name} is {_show(value)}, but the prompt is {prompt_tokens} "
+                          f"tokens and the model's context {context}: at most {room} new "
+                          f"tokens fit",
                           param=name, code="context_length_exceeded")
     return value
 
@@ -335,7 +460,7 @@ def _chat_messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise OpenAIError("messages must be a non-empty list of {\"role\", \"content\"} "
-                          f"objects, got {json.dumps(messages)[:80]}", param="messages",
+                          f"objects, got {_show(messages)}", param="messages",
                           code="invalid_value")
     out = []
     for k, message in enumerate(messages):
@@ -348,7 +473,7 @@ def _chat_messages(body: dict) -> list[dict]:
                               f"content", param=where, code="unsupported_parameter")
         role, content = message.get("role"), message.get("content")
         if role not in ROLE_TOKENS:
-            raise OpenAIError(f"{where}.role is {json.dumps(role)}; the roles are "
+            raise OpenAIError(f"{where}.role is {_show(role)}; the roles are "
                               f"{', '.join(ROLE_TOKENS)}", param=f"{where}.role",
                               code="invalid_value")
         if isinstance(content, list):
@@ -360,37 +485,90 @@ def _chat_messages(body: dict) -> list[dict]:
                                   code="invalid_value")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
-            raise OpenAIError(f"{where}.content must be a string, got {json.dumps(content)}",
+            raise OpenAIError(f"{where}.content must be a string, got {_show(content)}",
                               param=f"{where}.content", code="invalid_type")
         out.append({"role": role, "content": content})
     return out
 
 
-async def _json_body(request: Request) -> dict:
-    raw = await request.body()
+async def _json_body(request: Request, limit: int) -> dict:
+    """The request's JSON object, read up to ``limit`` bytes (413 past them) and parsed in a
+    thread (a large body must not hold up the other requests)."""
+    too_large = OpenAIError(f"the body is larger than this server takes, {limit:,} bytes: "
+                            f"no prompt that fits the model's context needs more",
+                            code="request_too_large", status=413)
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return await asyncio.to_thread(_parse_json, b"".join(chunks))
+
+
+def _parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
     except ValueError as exc:               # also bytes that are not UTF-8
         raise OpenAIError(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        body = None
+    if body is None or _depth(body) > MAX_DEPTH:
+        raise OpenAIError(f"the body is nested more than {MAX_DEPTH} levels deep",
+                          code="invalid_json")
     if not isinstance(body, dict):
         raise OpenAIError("the body must be a JSON object", code="invalid_json")
     return body
 
 
+def _depth(value: object) -> int:
+    """How deep lists and objects nest in ``value``, counted without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:
+                todo.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict)
+                                                     else value))
+    return deepest
+
+
+def _at_least_tokens(texts: Sequence[str], longest_token: int) -> int:
+    """A lower bound on the tokens of ``texts``, from their bytes: no token holds more than
+    ``longest_token`` bytes. (Counted before tokenizing, which a huge text would make slow.)"""
+    return sum(-(-len(t.encode("utf-8", "surrogatepass")) // longest_token) for t in texts)
+
+
 # ----- the app -------------------------------------------------------------------------------
 
-def create_app(engine, tokenizer, *, model_name: str) -> FastAPI:
+def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE,
+               max_body_bytes: int | None = None, api_key: str | None = None,
+               allowed_origins: Sequence[str] = ()) -> FastAPI:
     """The FastAPI app serving ``engine`` (a :class:`~minitransformer.serving.Engine`) as the
     model ``model_name``: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-    ``GET /v1/models`` and the chat page at ``/``. The engine is stepped by a thread that
-    starts and stops with the app (its lifespan). A chat answer ends at the chat format's
-    tokens (``<|end|>`` or a role marker), as ``minitransformer chat`` does; a completion ends
-    at no token, as ``minitransformer generate`` does (``stop`` strings end both).
+    ``GET /v1/models``, the chat page at ``/``, and ``/health``, ``/metrics``, ``/tokenize``,
+    ``/detokenize``. The engine is stepped by a thread that starts and stops with the app (its
+    lifespan). A chat answer ends at the chat format's tokens (``<|end|>`` or a role marker),
+    as ``minitransformer chat`` does; a completion ends at no token, as ``minitransformer
+    generate`` does (``stop`` strings end both). Special tokens write no text.
+
+    Args:
+        max_queue: the most requests that wait for a row of the batch; past them, 503.
+        max_body_bytes: the largest body taken (413 past it); ``None``: what the longest
+            prompt that fits the context can take, written as JSON.
+        api_key: the key every ``/v1`` route asks for (``Authorization: Bearer KEY``);
+            ``None``: none.
+        allowed_origins: the origins whose pages may call the server (CORS), ``"*"`` for any;
+            none by default.
 
     Raises:
         TypeError: an engine that is not an ``Engine``, a tokenizer that is not a
-            ``BPETokenizer``, a name that is not a str.
-        ValueError: an empty name.
+            ``BPETokenizer``, an option of the wrong type.
+        ValueError: an empty name or key, a negative queue, a body limit below 1.
     """
     check_type("engine", engine, Engine, "a minitransformer.serving.Engine")
     if not callable(getattr(tokenizer, "encode", None)) or not isinstance(
@@ -398,14 +576,25 @@ def create_app(engine, tokenizer, *, model_name: str) -> FastAPI:
         raise TypeError(f"tokenizer must be a BPETokenizer, got {type(tokenizer).__name__}")
     if not check_type("model_name", model_name, str, "a str").strip():
         raise ValueError("model_name is empty: clients ask for the model by this name")
+    check_int("max_queue", max_queue, low=0)
+    if api_key is not None and not check_type("api_key", api_key, str, "a str or None"):
+        raise ValueError("api_key is empty: give a key, or None for no key")
+    check_type("allowed_origins", allowed_origins, (list, tuple), "a list of str")
+    for origin in allowed_origins:
+        check_type("allowed_origins[...]", origin, str, "a str")
     context = engine.config.context_length
+    longest_token = max(len(tokenizer.token_bytes(i)) for i in range(len(tokenizer)))
+    if max_body_bytes is None:          # JSON writes a byte as 6 at most (\u0001)
+        max_body_bytes = (6 * longest_token + 64) * context + 2**16
+    check_int("max_body_bytes", max_body_bytes)
     try:
         specials = check_chat_tokenizer(tokenizer)
         chat_stops = [specials[token] for token in CHAT_TOKENS]
     except ValueError:
         specials = None                     # no chat format: /v1/completions only
-    worker = _Worker(engine)
+    worker = _Worker(engine, max_queue)
     created = int(time.time())
+    key_digest = None if api_key is None else hashlib.sha256(api_key.encode()).digest()
 
     async def lifespan(app: FastAPI):
         worker.start()
@@ -414,6 +603,10 @@ def create_app(engine, tokenizer, *, model_name: str) -> FastAPI:
 
     app = FastAPI(title="minitransformer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.worker = worker
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(OpenAIError)
     async def refused(request: Request, exc: OpenAIError) -> JSONResponse:
@@ -438,25 +631,42 @@ def create_app(engine, tokenizer, *, model_name: str) -> FastAPI:
         return error_response(405, f"{request.method} is not allowed on {request.url.path}",
                               code="method_not_allowed")
 
+    @app.exception_handler(RecursionError)
+    async def too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+        return error_response(400, "the request is nested too deeply", code="invalid_json")
+
     @app.exception_handler(Exception)
     async def failed(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
         return error_response(500, f"internal error: {type(exc).__name__}",
                               kind="server_error")
 
+    async def authorize(request: Request) -> None:
+        """With an API key, a ``/v1`` route asks for it (compared in constant time)."""
+        if key_digest is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise OpenAIError("this server needs an API key: send the header "
+                              "'Authorization: Bearer KEY'", code="invalid_api_key",
+                              status=401, headers={"WWW-Authenticate": "Bearer"})
+        digest = hashlib.sha256(given.strip().encode("utf-8", "surrogatepass")).digest()
+        if not hmac.compare_digest(digest, key_digest):
+            raise OpenAIError("incorrect API key provided", code="invalid_api_key",
+                              status=401, headers={"WWW-Authenticate": "Bearer"})
+
+    v1 = [Depends(authorize)]
     model_card = {"id": model_name, "object": "model", "created": created,
                   "owned_by": "minitransformer"}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models() -> dict:
         return {"object": "list", "data": [model_card]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", dependencies=v1)
     async def model(name: str) -> dict:
         if name != model_name:
-            raise OpenAIError(f"the model {json.dumps(name)} does not exist: this server "
-                              f"serves {json.dumps(model_name)}", param="model",
-                              code="model_not_found", status=404)
+            raise _model_not_found(name, model_name)
         return model_card
 
     @app.get("/", response_class=HTMLResponse)
@@ -464,37 +674,33 @@ def create_app(engine, tokenizer, *, model_name: str) -> FastAPI:
         page = resources.files("minitransformer").joinpath("static/chat.html")
         return HTMLResponse(page.read_text(encoding="utf-8"))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        body = await _json_body(request)
-        settings = _Settings(body, CHAT_FIELDS, model_name)
-        messages = _chat_messages(body)
+    def check_length(texts: Sequence[str], param: str) -> None:
+        """Refuse, before tokenizing, texts too long for the context whatever their tokens."""
+        _check_prompt(_at_least_tokens(texts, longest_token), context, param, at_least=True)
+
+    async def chat_ids(messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         if specials is None:
             raise OpenAIError(f"the model {model_name} has no chat format (its tokenizer lacks "
                               f"the chat tokens): use /v1/completions", param="model",
                               code="model_not_supported")
+        check_length([m["content"] for m in messages], "messages")
         try:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            ids = await asyncio.to_thread(tokenizer.apply_chat_template, messages,
+                                          add_generation_prompt=add_generation_prompt)
         except (TypeError, ValueError) as exc:
             raise OpenAIError(str(exc), param="messages", code="invalid_value") from None
         _check_prompt(len(ids), context, "messages")
-        limit = _max_tokens(body, ("max_completion_tokens", "max_tokens"), len(ids), context,
-                            None)
-        return await _answer(request, worker, settings.request(ids, limit, chat_stops),
-                             settings, chat=True, model_name=model_name)
+        return ids
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await _json_body(request)
-        settings = _Settings(body, COMPLETION_FIELDS, model_name)
-        prompt = body.get("prompt")
+    async def prompt_ids(prompt: object) -> list[int]:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise OpenAIError("prompt must be a string (one prompt per request), got "
-                              f"{json.dumps(prompt)[:80]}", param="prompt", code="invalid_type")
+                              f"{_show(prompt)}", param="prompt", code="invalid_type")
+        check_length([prompt], "prompt")
         try:
-            ids = tokenizer.encode(prompt)
+            ids = await asyncio.to_thread(tokenizer.encode, prompt)
         except (TypeError, ValueError) as error:  # a lone surrogate is not UTF-8, for one
             raise OpenAIError(f"prompt cannot be encoded: {error}", param="prompt",
                               code="invalid_value") from None
@@ -502,19 +708,124 @@ def create_app(engine, tokenizer, *, model_name: str) -> FastAPI:
             raise OpenAIError("prompt is empty: give the text to continue", param="prompt",
                               code="invalid_value")
         _check_prompt(len(ids), context, "prompt")
+        return ids
+
+    @app.post("/v1/chat/completions", dependencies=v1)
+    async def chat_completions(request: Request):
+        body = await _json_body(request, max_body_bytes)
+        settings = _Settings(body, CHAT_FIELDS, model_name)
+        ids = await chat_ids(_chat_messages(body))
+        limit = _max_tokens(body, ("max_completion_tokens", "max_tokens"), len(ids), context,
+                            None)
+        return await _answer(request, worker, settings.request(ids, limit, chat_stops),
+                             settings, chat=True, model_name=model_name)
+
+    @app.post("/v1/completions", dependencies=v1)
+    async def completions(request: Request):
+        body = await _json_body(request, max_body_bytes)
+        settings = _Settings(body, COMPLETION_FIELDS, model_name)
+        ids = await prompt_ids(body.get("prompt"))
         limit = _max_tokens(body, ("max_tokens",), len(ids), context, 16)
         return await _answer(request, worker, settings.request(ids, limit, []), settings,
                              chat=False, model_name=model_name)
 
+    # ----- beside OpenAI's API: health, metrics, tokens (as vLLM names them) -----------------
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if worker.serving:
+            return JSONResponse({"status": "ok"})
+        state = "starting" if worker.not_started else "stopping"
+        return JSONResponse({"status": state}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(_metrics(worker), media_type="text/plain; version=0.0.4")
+
+    def _check_fields(body: dict, fields: set[str]) -> None:
+        for name in body:
+            if name not in fields:
+                raise OpenAIError(f"unknown parameter: {name}", param=name,
+                                  code="unknown_parameter")
+        if body.get("model") is not None and body["model"] != model_name:
+            raise _model_not_found(body["model"], model_name)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        body = await _json_body(request, max_body_bytes)
+        if "messages" in body:
+            _check_fields(body, {"model", "messages", "add_generation_prompt"})
+            generation_prompt = body.get("add_generation_prompt", True)
+            if not isinstance(generation_prompt, bool):
+                raise OpenAIError("add_generation_prompt must be true or false, got "
+                                  f"{_show(generation_prompt)}", param="add_generation_prompt",
+                                  code="invalid_type")
+            ids = await chat_ids(_chat_messages(body), generation_prompt)
+        else:
+            _check_fields(body, {"model", "prompt", "add_special_tokens"})
+            if body.get("add_special_tokens") not in (None, True, False):
+                raise OpenAIError("add_special_tokens must be true or false",
+                                  param="add_special_tokens", code="invalid_type")
+            ids = await prompt_ids(body.get("prompt"))
+        return {"count": len(ids), "max_model_len": context, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        body = await _json_body(request, max_body_bytes)
+        _check_fields(body, {"model", "tokens"})
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise OpenAIError(f"tokens must be a list of token ids, got {_show(tokens)}",
+                              param="tokens", code="invalid_type")
+        outside = next((t for t in tokens if not 0 <= t < len(tokenizer)), None)
+        if outside is not None:
+            raise OpenAIError(f"tokens holds {_show(outside)}, outside the vocabulary [0, "
+                              f"{len(tokenizer)})", param="tokens", code="invalid_value")
+        return {"prompt": await asyncio.to_thread(tokenizer.decode, tokens)}
+
     return app
 
 
-def _check_prompt(prompt_tokens: int, context: int, param: str) -> None:
+def _metrics(worker: _Worker) -> str:
+    """The server's state in Prometheus' text format (version 0.0.4)."""
+    engine = worker.engine
+    free = engine.num_free_blocks
+    lines = []
+
+    def metric(name: str, kind: str, help_text: str, value: float | None = None) -> None:
+        lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+        if value is not None:
+            lines.append(f"{name} {value}")
+
+    prefix = "minitransformer_"
+    metric(prefix + "requests_running", "gauge", "Requests in the batch.", engine.num_running)
+    metric(prefix + "requests_waiting", "gauge", "Requests waiting for a row of the batch.",
+           engine.num_waiting)
+    with worker._lock:
+        metric(prefix + "requests_total", "counter", "Requests accepted.", worker.requests)
+        metric(prefix + "generation_tokens_total", "counter", "Tokens generated.",
+               worker.tokens)
+        metric(prefix + "kv_blocks_used", "gauge", "KV cache blocks held by requests.",
+               engine.num_blocks - free)
+        metric(prefix + "kv_blocks_free", "gauge", "KV cache blocks free.", free)
+        for name, histogram, help_text in (
+                ("time_to_first_token_seconds", worker.ttft,
+                 "Seconds from a request's entry in the queue to its first token."),
+                ("inter_token_latency_seconds", worker.itl,
+                 "Seconds between a request's consecutive tokens.")):
+            metric(prefix + name, "histogram", help_text)
+            lines.extend(histogram.lines(prefix + name))
+    return "\n".join(lines) + "\n"
+
+
+def _check_prompt(prompt_tokens: int, context: int, param: str, *,
+                  at_least: bool = False) -> None:
     if prompt_tokens >= context:
         what = "conversation" if param == "messages" else "prompt"
-        raise OpenAIError(f"the {what} is {prompt_tokens} tokens; the model's context is "
-                          f"{context}, which leaves no room for an answer", param=param,
-                          code="context_length_exceeded")
+        raise OpenAIError(f"the {what} is {'at least ' * at_least}{prompt_tokens} tokens; the "
+                          f"model's context is {context}, which leaves no room for an answer",
+                          param=param, code="context_length_exceeded")
 
 
 async def _answer(request: Request, worker: _Worker, job: EngineRequest, settings: _Settings,

@@ -64,7 +64,7 @@ from minitransformer import _checks
 from minitransformer.generation import SamplingParams
 from minitransformer.paged_cache import BLOCK_SIZE, BlockPool
 
-FINISH_REASONS = ("stop", "length", "cancelled")
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
 class Request:
@@ -77,8 +77,9 @@ class Request:
             :func:`~minitransformer.generation.sample_next`; ``temperature=0`` is greedy.
         seed: seeds the request's own ``torch.Generator``: its draws are those of
             ``generate(..., generator=torch.Generator().manual_seed(seed))``; ``None`` draws
-            from PyTorch's global generator. The five options and the seed are kept together
-            as ``request.sampling``, a :class:`~minitransformer.generation.SamplingParams`.
+            from PyTorch's global generator; from 0 to ``2**64 - 1``. The five options and the
+            seed are kept together as ``request.sampling``, a
+            :class:`~minitransformer.generation.SamplingParams`.
         stop: a string or strings that end the text; the text stops before it.
         stop_token_ids: the tokens that end the request (not in its text); ``None`` takes the
             engine's ``eos_ids``.
@@ -102,6 +103,9 @@ class Request:
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.presence_penalty, self.frequency_penalty = presence_penalty, frequency_penalty
         self.seed = seed
+        if seed is not None and seed > 2**64 - 1:
+            raise ValueError(f"seed must be in [0, 2**64 - 1] (what a torch.Generator takes), "
+                             f"got {seed}")
         stops = (stop,) if isinstance(stop, str) else stop
         _checks.check_type("stop", stops, (list, tuple), "a str or a list of str")
         for s in stops:
@@ -118,11 +122,29 @@ class Request:
                 f"temperature={self.temperature}, seed={self.seed})")
 
 
+def _usable(logits: Tensor) -> list[bool]:
+    """Whether a token can be chosen from each row of scores ``(B, V)``: no NaN or ``+inf``,
+    and not every score ``-inf``."""
+    bad = (logits.isnan() | logits.isposinf()).any(dim=-1) | logits.isneginf().all(dim=-1)
+    return (~bad).tolist()
+
+
+def _check_finite_weights(model: nn.Module) -> None:
+    """Refuse weights that hold NaN or infinity: every score would be NaN, and a greedy choice
+    among NaN scores is token 0, whatever the prompt."""
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"the model's {name} holds NaN or infinity: it cannot generate "
+                             f"(a checkpoint damaged, or a training run that diverged)")
+
+
 class Event(NamedTuple):
     """What one step did for one request: ``token_id`` the new token (``None`` for a
-    cancellation), ``text`` the new text (``""`` while the bytes of a character or a possible
-    stop string are held back), ``finish_reason`` ``None`` while it runs, then ``"stop"`` (an
-    end token or a stop string), ``"length"`` (``max_tokens``) or ``"cancelled"``."""
+    cancellation or an error), ``text`` the new text (``""`` while the bytes of a character or
+    a possible stop string are held back; special tokens write none), ``finish_reason``
+    ``None`` while it runs, then ``"stop"`` (an end token or a stop string), ``"length"``
+    (``max_tokens``), ``"cancelled"``, or ``"error"``: the model's scores for the request
+    became NaN or infinite, and no token could be chosen."""
 
     request_id: int
     token_id: int | None
@@ -215,7 +237,8 @@ class Engine:
             ``forward``'s bit for bit.
 
     Raises:
-        TypeError, ValueError: a model that is not a GPT or Llama, a bad size or id.
+        TypeError, ValueError: a model that is not a GPT or Llama, a bad size or id, weights
+            that hold NaN or infinity.
     """
 
     def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
@@ -229,6 +252,7 @@ class Engine:
                             f"{type(tokenizer).__name__}")
         self.max_batch = _checks.check_int("max_batch", max_batch)
         _checks.check_type("pack_weights", pack_weights, bool, "True or False")
+        _check_finite_weights(model)
         c = self.config = model.config
         self.model, self.tokenizer = model.eval(), tokenizer
         weight = model.token_embedding.weight
@@ -244,6 +268,8 @@ class Engine:
             eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
         self.eos_ids = frozenset(self._check_vocab("eos_ids",
                                                    _checks.check_id_list("eos_ids", eos_ids)))
+        # special tokens write no text, as transformers' decode(skip_special_tokens=True)
+        self._special_ids = frozenset((getattr(tokenizer, "special_tokens", None) or {}).values())
         if pack_weights:
             self._prefill_step = self._decode_step = model.make_fast_decode_step(
                 pack_weights=True)
@@ -424,6 +450,12 @@ class Engine:
                 if event.token_id is not None:
                     tokens[event.request_id].append(event.token_id)
                 texts[event.request_id].append(event.text)
+                if event.finish_reason == "error":
+                    k = ids.index(event.request_id)
+                    raise FloatingPointError(
+                        f"requests[{k}]: the model's scores became NaN or infinite after "
+                        f"{len(tokens[event.request_id])} new tokens, so no token can be "
+                        f"chosen (weights changed to NaN, or numbers past the model's dtype)")
                 if event.finish_reason is not None:
                     finished[event.request_id] = event.finish_reason
         return [Completion(tokens[i], "".join(texts[i]), finished[i], len(r.prompt_ids),
@@ -454,6 +486,8 @@ class Engine:
         idx = torch.tensor([seq.tokens[:length]], dtype=torch.long, device=self.device)
         logits = self._prefill_step(idx, self.pool.view([seq.blocks], [0], length))  # (1, T, V)
         seq.cached = length
+        if not _usable(logits[:, -1])[0]:
+            return self._fail(seq)
         if seq.generated:
             return None
         return self._accept(seq, seq.choose(logits[:, -1]))
@@ -470,9 +504,13 @@ class Engine:
         greedy = [i for i, s in enumerate(rows) if s.greedy]
         best = logits[greedy].argmax(dim=-1).tolist() if greedy else []
         chosen = dict(zip(greedy, best))
+        usable = _usable(logits)
         events = []
         for i, seq in enumerate(rows):
             seq.cached += 1
+            if not usable[i]:
+                events.append(self._fail(seq))
+                continue
             token = chosen[i] if i in chosen else seq.choose(logits[i:i + 1])
             events.append(self._accept(seq, token))
         return events
@@ -525,7 +563,7 @@ class Engine:
             finish = "stop"
         else:
             piece = ""
-            if self.tokenizer is not None:
+            if self.tokenizer is not None and token not in self._special_ids:
                 piece = seq.decoder.decode(self.tokenizer.token_bytes(token))
             text, stopped = seq.text_of(piece, final=False)
             if stopped:
@@ -535,12 +573,20 @@ class Engine:
                 text += more
                 finish = "stop" if stopped else "length"
         if finish is not None:
-            seq.finish_reason = finish
-            with self._lock:
-                self._free(seq)
-                self._live.discard(seq.id)
-                self._to_cancel.discard(seq.id)
+            self._end(seq, finish)
         return Event(seq.id, token, text, finish)
+
+    def _fail(self, seq: _Sequence) -> Event:
+        """End ``seq`` whose scores are not finite (no token can be chosen from NaN)."""
+        self._end(seq, "error")
+        return Event(seq.id, None, "", "error")
+
+    def _end(self, seq: _Sequence, finish: str) -> None:
+        seq.finish_reason = finish
+        with self._lock:
+            self._free(seq)
+            self._live.discard(seq.id)
+            self._to_cancel.discard(seq.id)
 
     def _flush(self, seq: _Sequence) -> str:
         return seq.decoder.decode(b"", final=True) if self.tokenizer is not None else ""

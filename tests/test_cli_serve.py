@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
@@ -102,6 +103,84 @@ def test_the_engine_packs_the_weights_unless_told_not_to(model_dir, monkeypatch,
     assert main(["serve", "--model", str(model_dir), "--port", "0", "--device", "cpu",
                  *flags]) == 0
     assert [kwargs["pack_weights"] for kwargs in made] == [packed]
+
+
+def test_a_kv_cache_past_the_free_memory_is_refused_in_one_line(capsys, model_dir):
+    err = refused(capsys, "--model", model_dir, "--kv-blocks", 1_000_000_000_000,
+                  "--device", "cpu")
+    assert "--kv-blocks 1000000000000" in err and "GB" in err and "blocks fit" in err, err
+
+
+def test_weights_with_nan_are_refused_in_one_line(capsys, model_dir, tmp_path):
+    import shutil
+
+    from minitransformer import GPT
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    model = GPT.from_pretrained(broken)
+    with torch.no_grad():
+        model.token_embedding.weight[7, 0] = float("nan")
+    model.save_pretrained(broken)
+    err = refused(capsys, "--model", broken, "--port", 0, "--device", "cpu")
+    assert "token_embedding.weight holds NaN" in err, err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--max-queue", "-1"], "--max-queue"),
+    (["--max-queue", "many"], "--max-queue"),
+    (["--allowed-origins", "localhost:3000"], "--allowed-origins"),
+    (["--allowed-origins", "http://a.example/path"], "--allowed-origins"),
+    (["--allowed-origins"], "--allowed-origins"),
+    (["--api-key", " "], "--api-key"),
+])
+def test_a_bad_server_flag_is_refused_by_name(capsys, model_dir, flags, words):
+    assert words in refused(capsys, "--model", model_dir, "--port", "0", "--device", "cpu",
+                            *flags)
+
+
+@pytest.mark.parametrize("flags, env, expected", [
+    ((), {}, {"api_key": None, "allowed_origins": ()}),
+    (("--max-queue", "3"), {}, {"max_queue": 3}),
+    (("--max-queue", "0"), {}, {"max_queue": 0}),
+    (("--api-key", "k1"), {"MINITRANSFORMER_API_KEY": "k2"}, {"api_key": "k1"}),
+    ((), {"MINITRANSFORMER_API_KEY": "k2"}, {"api_key": "k2"}),
+    ((), {"MINITRANSFORMER_API_KEY": ""}, {"api_key": None}),
+    (("--allowed-origins", "http://localhost:3000", "*"), {},
+     {"allowed_origins": ["http://localhost:3000", "*"]}),
+])
+def test_the_server_flags_reach_the_app(model_dir, monkeypatch, flags, env, expected):
+    import minitransformer.cli.serve as serve_module
+    import minitransformer.server as server
+
+    made, create_app = [], server.create_app
+
+    def recorded(*args, **kwargs):
+        made.append(kwargs)
+        return create_app(*args, **kwargs)
+
+    monkeypatch.delenv("MINITRANSFORMER_API_KEY", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(server, "create_app", recorded)
+    monkeypatch.setattr(serve_module, "serve", lambda app, sock, uvicorn: None)  # no loop
+    assert main(["serve", "--model", str(model_dir), "--port", "0", "--device", "cpu",
+                 *flags]) == 0
+    (kwargs,) = made
+    assert {k: kwargs.get(k, server.MAX_QUEUE if k == "max_queue" else None)
+            for k in expected} == expected, kwargs
+
+
+def test_the_help_states_the_server_s_queue_default():
+    import contextlib
+    import io
+
+    import minitransformer.server as server
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["serve", "--help"])
+    assert f"(default {server.MAX_QUEUE})" in " ".join(out.getvalue().split())
 
 
 class Served:

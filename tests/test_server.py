@@ -125,8 +125,10 @@ def serve_model_dir(folder: Path):
     return record
 
 
-def cli_generate(folder: Path, prompt: str, max_new_tokens: int) -> str:
-    """What ``python -m minitransformer generate --temperature 0`` writes after the prompt."""
+def cli_generate(folder: Path, prompt: str, max_new_tokens: int, *,
+                 skip_special_tokens: bool = False) -> str:
+    """What ``python -m minitransformer generate --temperature 0`` writes after the prompt;
+    with ``skip_special_tokens``, without the chat tokens (as a completion writes it)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         status = main(["generate", "--model", str(folder), "--prompt", prompt, "--temperature",
@@ -134,7 +136,11 @@ def cli_generate(folder: Path, prompt: str, max_new_tokens: int) -> str:
     assert status == 0
     written = out.getvalue()
     assert written.startswith(prompt) and written.endswith("\n"), written
-    return written[len(prompt):-1]
+    written = written[len(prompt):-1]
+    if skip_special_tokens:
+        for token in CHAT_TOKENS:
+            written = written.replace(token, "")
+    return written
 
 
 def cli_chat(folder: Path, turns: list[str], max_new_tokens: int, *,
@@ -225,12 +231,26 @@ def test_models_lists_the_served_model(served):
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_an_unknown_model_is_a_404_model_not_found_as_openai_answers(served, stream):
+    for create, kwargs in [(served.client.chat.completions.create,
+                            {"messages": [{"role": "user", "content": "Hi"}]}),
+                           (served.client.completions.create, {"prompt": "Hi"})]:
+        with pytest.raises(openai.NotFoundError) as caught:
+            create(model="gpt-4", max_tokens=3, stream=stream, **kwargs)
+        assert caught.value.status_code == 404
+        assert caught.value.body["code"] == "model_not_found"
+        assert caught.value.body["param"] == "model" and "gpt-4" in caught.value.body["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_greedy_completion_is_what_generate_writes(served, model_dir, stream):
     cases = [("Once upon", 12), ("In the", 20), ("x", 5), ("softmax", 8)]
     for prompt, max_tokens in cases:
-        expected = cli_generate(model_dir, prompt, max_tokens)
-        # generate does not stop at <|end|>: neither does a completion (a chat does)
-        assert (END_OF_TURN in expected) == (prompt == "softmax"), expected
+        expected = cli_generate(model_dir, prompt, max_tokens, skip_special_tokens=True)
+        # generate does not stop at <|end|>: neither does a completion (a chat does); the
+        # text leaves the special tokens out, as transformers' decode(skip_special_tokens=True)
+        assert (END_OF_TURN in cli_generate(model_dir, prompt, max_tokens)) == (
+            prompt == "softmax"), expected
         answer = served.client.completions.create(
             model=served.name, prompt=prompt, max_tokens=max_tokens, temperature=0,
             stream=stream, **({"stream_options": {"include_usage": True}} if stream else {}))
@@ -244,6 +264,23 @@ def test_a_greedy_completion_is_what_generate_writes(served, model_dir, stream):
         prompt_tokens = len(served.tokenizer.encode(prompt))
         assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
             prompt_tokens, max_tokens, prompt_tokens + max_tokens)
+
+
+def test_a_completion_leaves_the_special_tokens_out_as_transformers_decodes(served, model_dir):
+    """A completion on a chat model once wrote 'se<|end|>pendendend': a special token's text is
+    not the model's text. transformers' decode(skip_special_tokens=True) is the reference."""
+    from transformers import AutoTokenizer
+
+    ids = served.tokenizer.encode("softmax")
+    new = generate(GPT.from_pretrained(model_dir), torch.tensor([ids]), 8,
+                   temperature=0.0)[0, len(ids):].tolist()
+    assert served.tokenizer.special_tokens[END_OF_TURN] in new        # <|end|> is written
+    expected = AutoTokenizer.from_pretrained(model_dir).decode(new, skip_special_tokens=True)
+    for stream in (False, True):
+        answer = served.client.completions.create(model=served.name, prompt="softmax",
+                                                  max_tokens=8, temperature=0, stream=stream)
+        text = stream_text(answer, chat=False)[0] if stream else answer.choices[0].text
+        assert text == expected and "<|" not in text, (text, expected)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -283,7 +320,8 @@ def test_sixteen_requests_at_once_each_get_the_text_they_get_alone(served, model
         jobs.append(("completion", prompt, 6 + 3 * k, k % 2 == 0))
     for k, turn in enumerate(TURNS[:8]):
         jobs.append(("chat", turn, 5 + 4 * k, k % 2 == 1))
-    expected = [cli_generate(model_dir, what, n) if kind == "completion" else
+    expected = [cli_generate(model_dir, what, n, skip_special_tokens=True)
+                if kind == "completion" else
                 cli_chat(model_dir, [what], n)[0] for kind, what, n, _ in jobs]
     assert len(set(expected)) >= 14, expected          # a mix-up would show
     barrier = threading.Barrier(len(jobs))
@@ -382,7 +420,7 @@ def test_a_lora_adapter_directory_is_served_as_chat_runs_it(model_dir, tmp_path)
 # ----- refusals --------------------------------------------------------------------------------
 
 BAD_CHATS = [
-    ({"model": "gpt-4"}, "model", "gpt-4"),
+    ({"model": None}, "model", "missing"),
     ({"messages": []}, "messages", "non-empty"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "robot"),
     ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content", "string"),
@@ -396,6 +434,9 @@ BAD_CHATS = [
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "1 to 4"),
     ({"seed": "7"}, "seed", "integer"),
     ({"seed": 2**64}, "seed", "at most"),
+    ({"max_completion_tokens": 3, "max_tokens": -1}, "max_tokens", "at least 1"),
+    ({"max_completion_tokens": -1, "max_tokens": 3}, "max_completion_tokens", "at least 1"),
+    ({"user": ["a", "list"]}, "user", "string"),
     ({"top_p": 1.5}, "top_p", "(0, 1]"),
     ({"messages": {"role": "user", "content": "Hi"}}, "messages", "list"),
     ({"messages": [{"role": "user", "content": "Hi", "name": "ann"}]}, "messages[0]",

@@ -449,3 +449,88 @@ def test_a_model_the_decode_step_cannot_follow_runs_through_forward(make):
     requests = [Request(p, max_tokens=8, temperature=0) for p in random_prompts(4, seed=5)]
     done = Engine(model, max_batch=2, kv_blocks=24, block_size=4).run(requests)
     assert [c.token_ids for c in done] == [alone(model, r) for r in requests]
+
+
+def test_special_tokens_write_no_text_where_they_do_not_stop(tokenizer):
+    """A completion on a chat model ignores the end of turn (``stop_token_ids=[]``): its
+    special tokens are still not text ('se<|end|>pendendend'), as in transformers'
+    ``decode(skip_special_tokens=True)``."""
+    ids, script = script_of(tokenizer, "Hi", ["se", END_OF_TURN, "p", "<|user|>", "end"])
+    engine = Engine(scripted(tokenizer, script), tokenizer, kv_blocks=8, block_size=4)
+    rid = engine.submit(Request(ids, max_tokens=len(script) - len(ids) + 1, temperature=0,
+                                stop_token_ids=[]))
+    events = drive(engine, [rid])[rid]
+    assert "".join(e.text for e in events) == "sepend"
+    assert tokenizer.special_tokens[END_OF_TURN] in [e.token_id for e in events]
+    assert events[-1].finish_reason == "length"
+
+
+# --- a model that writes NaN --------------------------------------------------------------------
+
+def test_weights_with_nan_or_infinity_are_refused_by_name():
+    for value in (float("nan"), float("inf")):
+        model = gpt()
+        with torch.no_grad():
+            model.layers[1].feed_forward.linear1.weight[3, 4] = value
+        with pytest.raises(ValueError, match=r"layers\.1\.feed_forward\.linear1\.weight holds "
+                                             r"NaN or infinity"):
+            Engine(model)
+
+
+def test_nan_scores_end_that_request_with_an_error_and_the_others_go_on(monkeypatch):
+    """Weights that turn NaN after the engine was made (or numbers past the dtype): greedy
+    decoding used to return token 0 and '\\x00\\x00\\x00'."""
+    model = gpt()
+    engine = Engine(model, max_batch=4, kv_blocks=32, block_size=4)
+    prefill, mark = engine._prefill_step, VOCAB - 1
+
+    def broken_prefill(idx, view, **kwargs):
+        logits = prefill(idx, view, **kwargs)
+        return logits.masked_fill((idx == mark).any(), float("nan"))
+
+    monkeypatch.setattr(engine, "_prefill_step", broken_prefill)
+    prompts = [[1, 2, 3], [4, mark, 5], [6, 7]]
+    requests = [Request(p, max_tokens=6, temperature=t) for p, t in zip(prompts, (0, 0, 0.8))]
+    ids = [engine.submit(r) for r in requests]
+    events = drive(engine, ids)
+    assert [(e.token_id, e.text, e.finish_reason) for e in events[ids[1]]] == [
+        (None, "", "error")]
+    assert [e.token_id for e in events[ids[0]]] == alone(model, requests[0])
+    assert len(events[ids[2]]) == 6 and events[ids[2]][-1].finish_reason == "length"
+    assert engine.num_free_blocks == engine.num_blocks and not engine.has_work
+
+    with pytest.raises(FloatingPointError, match=r"requests\[1\]: the model's scores became "
+                                                 r"NaN or infinite"):
+        engine.run(requests)
+    assert engine.num_free_blocks == engine.num_blocks and not engine.has_work
+
+
+def test_nan_scores_in_a_decode_step_end_the_request_too(monkeypatch):
+    model = gpt()
+    engine = Engine(model, max_batch=4, kv_blocks=32, block_size=4)
+    decode = engine._decode_step
+
+    def broken_decode(idx, view, **kwargs):
+        logits = decode(idx, view, **kwargs)
+        return logits.masked_fill((kwargs["position_ids"][:, -1:] == 4)[..., None], float("nan"))
+
+    monkeypatch.setattr(engine, "_decode_step", broken_decode)
+    short, long = Request([1], max_tokens=8, temperature=0), Request(
+        list(range(1, 9)), max_tokens=8, temperature=0)
+    ids = [engine.submit(short), engine.submit(long)]
+    events = drive(engine, ids)
+    # the short prompt's row reaches position 4 at its fourth decode step; the long one never
+    assert [e.finish_reason for e in events[ids[0]]] == [None] * 4 + ["error"]
+    assert [e.token_id for e in events[ids[1]]] == alone(model, long)
+    assert engine.num_free_blocks == engine.num_blocks
+
+
+def test_a_seed_past_what_a_generator_takes_is_refused_by_its_range():
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64 - 1\]"):
+        Request([1], max_tokens=1, seed=2**64)
+    with pytest.raises(ValueError, match="seed must be at least 0"):
+        Request([1], max_tokens=1, seed=-1)
+    done = Engine(gpt()).run([Request([1, 2], max_tokens=4, seed=2**64 - 1)])
+    g = torch.Generator().manual_seed(2**64 - 1)
+    expected = generate(gpt(), torch.tensor([[1, 2]]), 4, generator=g)[0, 2:].tolist()
+    assert done[0].token_ids == expected

@@ -229,6 +229,14 @@ def build_parser() -> Parser:
     add("--device", help="default: minitransformer.default_device()")
     add("--threads", type=positive, help="CPU threads (default: OMP_NUM_THREADS, else the "
         "cores idle now)")
+    # --- serve: the queue, the API key, CORS (issues 40 and 43) ---
+    add("--max-queue", type=nonnegative, help="requests that may wait for a row of the "
+        "batch; past them the server answers 503 with Retry-After (default 64)")
+    add("--api-key", metavar="KEY", help="every /v1 route asks for 'Authorization: Bearer "
+        f"KEY' (default: the variable {serve.API_KEY_VARIABLE}, else no key)")
+    add("--allowed-origins", metavar="ORIGIN", nargs="+", type=serve.origin,
+        help="let web pages of these origins call the API (CORS), e.g. "
+        "http://localhost:3000, or * for any (default: none)")
 
     c = commands.add_parser("convert", help="pytorch_model.bin -> model.safetensors",
                             description="Write DIR/model.safetensors from DIR/pytorch_model.bin "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import socket
 import sys
 from pathlib import Path
@@ -22,6 +23,8 @@ from minitransformer.chat import CHAT_TOKENS
 from minitransformer.cli.common import PROG, CommandLineError, device, model_class, threads
 
 GRACE_SECONDS = 30
+#: The environment variable that gives the API key when ``--api-key`` does not.
+API_KEY_VARIABLE = "MINITRANSFORMER_API_KEY"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,10 +46,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         torch.set_num_threads(threads(args.threads)[0])
         model, tokenizer = load(folder, where)
-        engine = Engine(model.eval(), tokenizer, max_batch=args.max_batch,
-                        kv_blocks=args.kv_blocks, pack_weights=not args.no_pack_weights)
+        check_pool_fits(model, args.kv_blocks, where)
+        try:
+            engine = Engine(model.eval(), tokenizer, max_batch=args.max_batch,
+                            kv_blocks=args.kv_blocks, pack_weights=not args.no_pack_weights)
+        except (RuntimeError, MemoryError) as exc:   # the allocator's refusal
+            raise CommandLineError(f"--kv-blocks {args.kv_blocks}: the KV cache could not be "
+                                   f"allocated ({str(exc).splitlines()[0]})") from None
         name = args.name or folder.resolve().name
-        app = create_app(engine, tokenizer, model_name=name)
+        api_key = args.api_key if args.api_key is not None else os.environ.get(
+            API_KEY_VARIABLE) or None
+        if args.api_key is not None and not args.api_key.strip():
+            raise CommandLineError("--api-key is empty: give a key, or leave the flag out")
+        queue = {} if args.max_queue is None else {"max_queue": args.max_queue}
+        app = create_app(engine, tokenizer, model_name=name, api_key=api_key,
+                         allowed_origins=args.allowed_origins or (), **queue)
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         print(f"serving {folder} as the model {name!r} at {url}/v1 (chat page: {url}/); "
@@ -56,6 +70,50 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         torch.set_num_threads(before)
     return 0
+
+
+def check_pool_fits(model: torch.nn.Module, kv_blocks: int, where: torch.device) -> None:
+    """Refuse, in one line, a KV cache larger than the memory free on ``where``."""
+    from minitransformer.paged_cache import BLOCK_SIZE
+
+    c = model.config
+    weight = model.token_embedding.weight
+    per_block = (2 * c.num_layers * BLOCK_SIZE * getattr(c, "num_kv_heads", c.num_heads)
+                 * (c.d_model // c.num_heads) * weight.element_size())
+    free = free_memory(where)
+    if free is not None and kv_blocks * per_block > free:
+        raise CommandLineError(
+            f"--kv-blocks {kv_blocks}: the KV cache would take {kv_blocks * per_block / 1e9:,.1f}"
+            f" GB, more than the {free / 1e9:,.1f} GB of memory free on {where.type}; at most "
+            f"{free // per_block:,} blocks fit")
+
+
+def free_memory(where: torch.device) -> int | None:
+    """The bytes free on the device (``None``: unknown): CUDA's free memory, or the memory
+    Linux says a program may still take (MemAvailable)."""
+    if where.type == "cuda":
+        return torch.cuda.mem_get_info(where)[0]
+    if where.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def origin(text: str) -> str:
+    """``--allowed-origins``: ``*`` or ``scheme://host[:port]``, as a browser sends it."""
+    if text != "*" and ("://" not in text or text.endswith("/") or text.count("/") != 2):
+        raise argparse.ArgumentTypeError(f"must be * or an origin such as "
+                                         f"http://localhost:3000, got {text!r}")
+    return text
 
 
 def port(text: str) -> int:
@@ -104,6 +162,7 @@ def serve(app, sock: socket.socket, uvicorn) -> None:
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             if not self.should_exit:
+                app.state.worker.draining = True        # /health says so; no new request
                 count = app.state.worker.in_flight
                 print(f"{PROG}: stopping: {count} answer{'s' * (count != 1)} in flight "
                       f"{'finish' if count != 1 else 'finishes'} first (at most "

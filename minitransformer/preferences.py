@@ -363,13 +363,16 @@ def identical_pairs(pairs: Sequence[Mapping[str, object]]) -> list[int]:
             if check_pair(pair, f"pairs[{n}]")["chosen"] == pair["rejected"]]
 
 
-def identical_pairs_warning(pairs: Sequence[Mapping[str, object]]) -> str | None:
-    """A one-line warning when some pairs have ``chosen`` equal to ``rejected``, else None."""
+def identical_pairs_warning(pairs: Sequence[Mapping[str, object]], *,
+                            labels: Sequence[str] | None = None) -> str | None:
+    """A one-line warning when some pairs have ``chosen`` equal to ``rejected``, naming the
+    first (``pairs[n]``, or its entry of ``labels``), else None."""
     same = identical_pairs(pairs)
     if not same:
         return None
+    first = f"pairs[{same[0]}]" if labels is None else labels[same[0]]
     return (f"{len(same)} of {len(pairs)} pairs have chosen equal to rejected (the first: "
-            f"pair {same[0]}): DPO learns nothing from them"
+            f"{first}): DPO learns nothing from them"
             + (", so this run trains for nothing" if len(same) == len(pairs) else ""))
 
 

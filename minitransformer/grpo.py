@@ -5,7 +5,10 @@ For each prompt the model writes ``G`` replies (:func:`sample_group`, one batche
 compared with the other replies to the same prompt (:func:`group_advantages`); and the loss
 (:func:`grpo_loss`) raises the log-probability of the tokens of replies better than their group
 and lowers the others', clipped as in PPO, with an optional KL penalty towards a reference model.
-:func:`grpo_step` does one round of this, :func:`grpo_train` many, on chapter 16's chat format.
+:func:`grpo_step` does one round of this, :func:`grpo_train` many, on chapter 16's chat format,
+in chapter 9's :class:`~minitransformer.training.TrainingLoop` through :class:`GRPO`, a module
+that returns the loss as a model does. :func:`policy_gradient_loss` is the plain REINFORCE loss
+that the clipped one reduces to at the first update.
 
 The formulas are TRL's ``GRPOTrainer`` (version 1.16): the same advantages (``scale_rewards=
 "group"``, the group's sample standard deviation, ``+ 1e-4``), the same per-token objective and

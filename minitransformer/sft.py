@@ -11,6 +11,9 @@ is the batch that a model's ``forward`` and chapter 9's ``train`` already take, 
 runs in the same :class:`~minitransformer.training.TrainingLoop` as pre-training, and
 :func:`sft_loss` is the model's own loss: the mean over the batch's assistant tokens, as TRL's
 ``SFTTrainer`` with ``assistant_only_loss=True`` computes it.
+
+The same step written from log-probabilities, as chapter 17's methods start from them:
+:func:`masked_mean`, :func:`sft_step`, and :func:`token_entropy` to watch how sure the model is.
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ a direct computation."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil

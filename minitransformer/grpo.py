@@ -5,7 +5,10 @@ For each prompt the model writes ``G`` replies (:func:`sample_group`, one batche
 compared with the other replies to the same prompt (:func:`group_advantages`); and the loss
 (:func:`grpo_loss`) raises the log-probability of the tokens of replies better than their group
 and lowers the others', clipped as in PPO, with an optional KL penalty towards a reference model.
-:func:`grpo_step` does one round of this, :func:`grpo_train` many, on chapter 16's chat format.
+:func:`grpo_step` does one round of this, :func:`grpo_train` many, on chapter 16's chat format,
+in chapter 9's :class:`~minitransformer.training.TrainingLoop` through :class:`GRPO`, a module
+that returns the loss as a model does. :func:`policy_gradient_loss` is the plain REINFORCE loss
+that the clipped one reduces to at the first update.
 
 The formulas are TRL's ``GRPOTrainer`` (version 1.16): the same advantages (``scale_rewards=
 "group"``, the group's sample standard deviation, ``+ 1e-4``), the same per-token objective and
@@ -15,8 +18,11 @@ over each reply's tokens, then over the replies; TRL's default is ``"dapo"``).
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -95,7 +101,8 @@ def grpo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask
             Only ``log_probs`` is differentiated: the others are constants (detached).
         advantages: ``(B,)`` one per completion. mask: ``(B, T)`` bool, True on completion tokens.
         epsilon, epsilon_high: the clip range ``[1 - epsilon, 1 + epsilon_high]``;
-            ``epsilon_high`` defaults to ``epsilon``.
+            ``epsilon_high`` defaults to ``epsilon``. ``epsilon >= 1`` turns the lower clip
+            off (a ratio is never below 0), as TRL allows.
         beta: the KL penalty's weight; ``beta > 0`` needs ``ref_log_probs`` ``(B, T)``.
         kl_correction: multiply the KL term by ``ratio``, as TRL does by default
             (``use_bias_correction_kl=True``): the same value on-policy, another gradient.
@@ -154,9 +161,6 @@ def _check_loss_options(epsilon: object, epsilon_high: object, beta: object,
     low = _checks.check_number("epsilon", epsilon, positive=True)
     high = low if epsilon_high is None else _checks.check_number("epsilon_high", epsilon_high,
                                                                  positive=True)
-    if low >= 1:
-        raise ValueError(f"epsilon must be below 1 (the ratio is clipped at 1 - epsilon), got "
-                         f"{epsilon!r}")
     beta = _checks.check_number("beta", beta, low=0.0)
     if beta > 0 and ref_log_probs is None:
         raise ValueError(f"beta={beta!r} weights a KL term to the reference: pass its "
@@ -285,6 +289,8 @@ def completion_batch(prompt_ids: Sequence[Sequence[int]], completions: Sequence[
     for k, completion in enumerate(completions):
         if not completion:
             raise ValueError(f"completions[{k}] is empty: there is no token to score")
+        for token in completion:
+            _checks.check_int(f"a token of completions[{k}]", token, low=0)
         prompt = prompts[k // group_size]
         ids = [*prompt, *completion]
         labels = [IGNORE_INDEX] * len(prompt) + list(completion)
@@ -306,6 +312,156 @@ def completion_log_probs(model: nn.Module, idx: Tensor, targets: Tensor, *,
     return per_token_log_probs(logits, targets)
 
 
+def policy_gradient_loss(log_probs: Tensor, rewards: Tensor, *,
+                         baseline: float | Tensor | None = None) -> Tensor:
+    """The plain policy-gradient (REINFORCE) loss of each token, ``-A · log π(y_t)`` with
+    ``A = reward - baseline`` (``A = reward`` without one): its gradient is REINFORCE's
+    estimate of the expected reward's, with a minus sign. Average it with
+    :func:`~minitransformer.sft.masked_mean` over the reply's tokens.
+
+    Args:
+        log_probs: ``(B, T)`` the policy's log-probabilities of the sampled tokens.
+        rewards: ``(B,)`` one reward per reply.
+        baseline: a number or ``(B,)`` subtracted from the rewards (a group's mean reward,
+            say); it leaves the expected gradient unchanged and lowers its variance.
+
+    Returns:
+        ``(B, T)``: ``-(rewards - baseline)[:, None] * log_probs``.
+    """
+    _checks.check_float_tensor("log_probs", log_probs, ndim=2)
+    _checks.check_float_tensor("rewards", rewards, ndim=1)
+    if rewards.shape[0] != log_probs.shape[0]:
+        raise ValueError(f"rewards must hold one value per reply, {log_probs.shape[0]}, got "
+                         f"{_checks.shape(rewards)}")
+    advantages = rewards.detach()
+    if baseline is not None:
+        if isinstance(baseline, Tensor):
+            _checks.check_float_tensor("baseline", baseline)
+            if baseline.ndim and baseline.shape != rewards.shape:
+                raise ValueError(f"baseline must be a number or one value per reply "
+                                 f"{_checks.shape(rewards)}, got {_checks.shape(baseline)}")
+            baseline = baseline.detach()
+        else:
+            baseline = _checks.check_number("baseline", baseline)
+        advantages = advantages - baseline
+    return -advantages.unsqueeze(-1) * log_probs
+
+
+@dataclass
+class Rollout:
+    """One round's sampled replies, scored, as :class:`GRPO` learns from them: ``(idx,
+    targets)`` from :func:`completion_batch`, ``mask`` True on the replies' tokens, each
+    reply's ``advantage``, the reference's log-probabilities (or None), the rewards and the
+    replies. ``old_log_probs`` are the policy's when it sampled them, filled in by the first
+    forward."""
+
+    idx: Tensor
+    targets: Tensor
+    mask: Tensor
+    advantages: Tensor
+    ref_log_probs: Tensor | None
+    rewards: Tensor
+    completions: list[list[int]]
+    group_size: int
+    old_log_probs: Tensor | None = None
+
+    def stats(self) -> dict[str, float]:
+        """The mean reward, the mean spread of the rewards within a group and the mean reply
+        length."""
+        return {"reward": self.rewards.mean().item(),
+                "reward_std": self.rewards.view(-1, self.group_size).std(dim=1).mean().item(),
+                "length": sum(map(len, self.completions)) / len(self.completions)}
+
+
+class GRPO(nn.Module):
+    """A policy and GRPO's loss as one module whose ``forward(rollout)`` returns ``(policy
+    logits, loss)``, as a model does, so that chapter 9's
+    :class:`~minitransformer.training.TrainingLoop` trains it as it trains SFT and DPO.
+    :meth:`rollout` samples and scores a round of replies. ``ref_model``, if given, is only
+    read (under ``torch.no_grad``). ``metrics`` holds the last forward's ``loss``,
+    ``clip_fraction`` and (with ``ref_model``) ``kl``. Dropout stays off, as in :class:`DPO`
+    and TRL."""
+
+    def __init__(self, policy: nn.Module, ref_model: nn.Module | None = None, *,
+                 beta: float = 0.0, epsilon: float = 0.2, loss_type: str = "grpo",
+                 kl_correction: bool = False, temperature: float = 1.0) -> None:
+        super().__init__()
+        _checks.check_type("policy", policy, nn.Module, "an nn.Module")
+        if ref_model is not None:
+            _checks.check_type("ref_model", ref_model, nn.Module, "an nn.Module")
+        if beta and ref_model is None:
+            raise ValueError(f"beta={beta!r} needs a ref_model to compare the policy with")
+        _check_loss_options(epsilon, None, beta, 0.0 if ref_model is not None else None,
+                            loss_type)
+        _checks.check_type("kl_correction", kl_correction, bool, "True or False")
+        if _checks.check_number("temperature", temperature) <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature!r}: GRPO learns "
+                             f"from sampled replies and scores them at that temperature (0 "
+                             f"would be greedy: every reply of a group the same, nothing to "
+                             f"compare)")
+        self.policy, self.ref_model = policy, ref_model
+        self.options = {"epsilon": epsilon, "beta": beta, "loss_type": loss_type,
+                        "kl_correction": kl_correction}
+        self.temperature = temperature
+        self.metrics: dict[str, float] = {}
+
+    def train(self, mode: bool = True) -> GRPO:
+        return super().train(False)
+
+    def rollout(self, prompt_ids: Sequence[Sequence[int]],
+                reward: Callable[[list[list[int]]], Sequence[float]], *, group_size: int,
+                max_new_tokens: int, eos_id: int | None = None, top_k: int | None = None,
+                advantage: str = "group", generator: torch.Generator | None = None) -> Rollout:
+        """Sample ``group_size`` replies to each prompt, score them with ``reward`` and
+        compare each with its group (:func:`grpo_step` says how)."""
+        _checks.check_choice("advantage", advantage, ADVANTAGES)
+        _checks.check_int("group_size", group_size, low=2)
+        _checks.check_int("max_new_tokens", max_new_tokens)
+        if not callable(reward):
+            raise TypeError(f"reward must be a function of the completions, got "
+                            f"{_checks._type_name(reward)}")
+        completions = sample_group(self.policy, prompt_ids, group_size, max_new_tokens,
+                                   temperature=self.temperature, top_k=top_k, eos_id=eos_id,
+                                   generator=generator)
+        rewards = _rewards(reward(completions), len(completions), self.policy)
+        advantages = _advantages(rewards, group_size, advantage)
+        idx, targets = completion_batch(prompt_ids, completions, device=rewards.device)
+        with torch.no_grad():
+            ref = (None if self.ref_model is None else
+                   completion_log_probs(self.ref_model, idx, targets,
+                                        temperature=self.temperature))
+        return Rollout(idx, targets, targets != IGNORE_INDEX, advantages, ref, rewards,
+                       completions, group_size)
+
+    def forward(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        """``(policy logits, loss)``: :func:`grpo_loss` of the policy's log-probabilities of
+        the rollout's replies, against those it had when it sampled them."""
+        _checks.check_type("rollout", rollout, Rollout, "a Rollout (GRPO.rollout)")
+        logits = self.policy(rollout.idx)[0]
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        log_probs = per_token_log_probs(logits, rollout.targets)
+        if rollout.old_log_probs is None:        # the policy that sampled them
+            rollout.old_log_probs = log_probs.detach()
+        o = self.options
+        terms = _grpo_terms(log_probs, rollout.old_log_probs,
+                            rollout.advantages.to(log_probs.dtype), rollout.mask,
+                            epsilon=o["epsilon"], epsilon_high=None, beta=o["beta"],
+                            ref_log_probs=rollout.ref_log_probs, loss_type=o["loss_type"],
+                            kl_correction=o["kl_correction"])
+        self.metrics = {k: v.item() for k, v in terms.items()}
+        return logits, terms["loss"]
+
+
+def _check_optimizer(model: nn.Module, optimizer: object) -> None:
+    _checks.check_type("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
+    mine = {id(p) for p in model.parameters() if p.requires_grad}
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    if not any(id(p) in mine for p in held):
+        raise ValueError("the optimizer holds none of the model's trainable parameters (is it "
+                         "another model's?): a step would change nothing")
+
+
 def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
               prompt_ids: Sequence[Sequence[int]],
               reward: Callable[[list[list[int]]], Sequence[float]], *, group_size: int,
@@ -315,7 +471,8 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
               top_k: int | None = None, advantage: str = "group",
               generator: torch.Generator | None = None) -> dict[str, float]:
     """One round of GRPO, on-policy: sample ``G`` completions per prompt, score them, compare
-    each with its group, and take ``num_iterations`` optimizer steps on the clipped loss.
+    each with its group, and take ``num_iterations`` optimizer steps on the clipped loss
+    (:class:`GRPO`'s :meth:`~GRPO.rollout` and forward).
 
     ``reward(completions)`` gets the ``B * G`` completions' token ids (group after group) and
     returns one number each. ``advantage`` says how rewards become advantages: ``"group"``
@@ -331,50 +488,33 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
         reference model): the first iteration's loss, the mean reward, the mean spread of the
         rewards within a group, the mean completion length and the share of clipped tokens
         in the last iteration, as Python floats.
+
+    Raises:
+        TypeError, ValueError: bad options, a reward that is not one number per completion,
+            an optimizer that holds none of ``model``'s trainable parameters.
     """
     _checks.check_type("model", model, nn.Module, "an nn.Module")
-    _checks.check_type("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")
-    _checks.check_choice("advantage", advantage, ADVANTAGES)
+    _check_optimizer(model, optimizer)
     num_iterations = _checks.check_int("num_iterations", num_iterations)
-    _checks.check_int("group_size", group_size, low=2)
-    _checks.check_int("max_new_tokens", max_new_tokens)
-    if _checks.check_number("temperature", temperature) <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature!r}: GRPO learns from "
-                         f"sampled replies and scores them at that temperature (0 would be "
-                         f"greedy: every reply of a group the same, nothing to compare)")
-    if not callable(reward):
-        raise TypeError(f"reward must be a function of the completions, got "
-                        f"{_checks._type_name(reward)}")
-    if beta and ref_model is None:
-        raise ValueError(f"beta={beta!r} needs a ref_model to compare the policy with")
-    completions = sample_group(model, prompt_ids, group_size, max_new_tokens,
-                               temperature=temperature, top_k=top_k, eos_id=eos_id,
-                               generator=generator)
-    rewards = _rewards(reward(completions), len(completions), model)
-    advantages = _advantages(rewards, group_size, advantage)
-    device = rewards.device
-    idx, targets = completion_batch(prompt_ids, completions, device=device)
-    mask = targets != IGNORE_INDEX
-    with torch.no_grad():
-        ref = (None if ref_model is None else
-               completion_log_probs(ref_model, idx, targets, temperature=temperature))
-    first, old = None, None
+    objective = GRPO(model, ref_model, beta=beta, epsilon=epsilon, loss_type=loss_type,
+                     kl_correction=kl_correction, temperature=temperature)
+    rollout = objective.rollout(prompt_ids, reward, group_size=group_size,
+                                max_new_tokens=max_new_tokens, eos_id=eos_id, top_k=top_k,
+                                advantage=advantage, generator=generator)
+    first = None
     for _ in range(num_iterations):
-        log_probs = completion_log_probs(model, idx, targets, temperature=temperature)
-        old = log_probs.detach() if old is None else old    # the policy that sampled them
-        terms = _grpo_terms(log_probs, old, advantages.to(log_probs.dtype), mask,
-                            epsilon=epsilon, epsilon_high=None, beta=beta, ref_log_probs=ref,
-                            loss_type=loss_type, kl_correction=kl_correction)
         optimizer.zero_grad(set_to_none=True)
-        terms["loss"].backward()
+        objective(rollout)[1].backward()
         optimizer.step()
-        first = terms["loss"].item() if first is None else first
-    stats = {"loss": first, "reward": rewards.mean().item(),
-             "reward_std": rewards.view(-1, group_size).std(dim=1).mean().item(),
-             "length": sum(map(len, completions)) / len(completions),
-             "clip_fraction": terms["clip_fraction"].item()}
-    if "kl" in terms:
-        stats["kl"] = terms["kl"].item()
+        first = objective.metrics["loss"] if first is None else first
+    return _round_stats(first, rollout, objective.metrics)
+
+
+def _round_stats(first_loss: float, rollout: Rollout, metrics: dict[str, float]
+                 ) -> dict[str, float]:
+    stats = {"loss": first_loss, **rollout.stats(), "clip_fraction": metrics["clip_fraction"]}
+    if "kl" in metrics:
+        stats["kl"] = metrics["kl"]
     return stats
 
 
@@ -501,11 +641,18 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
                loss_type: str = "grpo", kl_correction: bool = False, num_iterations: int = 1,
                temperature: float = 1.0, advantage: str = "group",
                eval_rows: Sequence[Mapping[str, object]] | None = None,
-               eval_reward: Callable | None = None, eval_every: int = 10
-               ) -> list[dict[str, float]]:
+               eval_reward: Callable | None = None, eval_every: int = 10,
+               schedule: str | None = None, warmup_steps: int = 0,
+               max_grad_norm: float | None = None) -> list[dict[str, float]]:
     """GRPO on chapter 16's chat format, with TRL-style rows and reward functions: ``steps``
     rounds of :func:`grpo_step` on ``batch_size`` prompts drawn in turn from ``rows`` (shuffled
-    once with ``seed``), with AdamW at learning rate ``lr``.
+    once with ``seed``), with AdamW at learning rate ``lr`` (no weight decay), in chapter 9's
+    :class:`~minitransformer.training.TrainingLoop` (each of a round's ``num_iterations``
+    updates is one of its steps), as SFT and DPO are trained.
+
+    By default the rate is constant and the gradient is not clipped; ``schedule`` (a name in
+    :data:`~minitransformer.training.SCHEDULES`, with ``warmup_steps``) and ``max_grad_norm``
+    turn them on, as TRL's ``GRPOTrainer`` has them.
 
     With ``eval_rows``, every ``eval_every`` steps (and before the first and after the last)
     the history records ``"held_out"``: the ``mean_reward`` of the greedy replies under
@@ -516,40 +663,76 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
         ``{"step": 0, "held_out": ...}`` with ``eval_rows``.
     """
     from minitransformer.chat import END_OF_TURN, check_chat_tokenizer
+    from minitransformer.training import SCHEDULES, TrainingLoop
 
     _checks.check_int("steps", steps)
     _checks.check_int("batch_size", batch_size)
     _checks.check_int("eval_every", eval_every)
     _checks.check_number("lr", lr, positive=True)
+    num_iterations = _checks.check_int("num_iterations", num_iterations)
+    updates = steps * num_iterations
+    if schedule is not None:
+        _checks.check_choice("schedule", schedule, SCHEDULES)
+    warmup_steps = _checks.check_int("warmup_steps", warmup_steps, low=0)
+    if warmup_steps > updates:
+        raise ValueError(f"warmup_steps={warmup_steps} is more than the {updates} updates")
+    clip = math.inf if max_grad_norm is None else _checks.check_number(
+        "max_grad_norm", max_grad_norm, positive=True)
     if not rows:
         raise ValueError("rows is empty: there is no prompt to learn from")
     eos = check_chat_tokenizer(tokenizer)[END_OF_TURN]
     funcs = _check_reward_funcs(reward_funcs)
     scorer = eval_reward or funcs[0]
+    objective = GRPO(model, ref_model, beta=beta, epsilon=epsilon, loss_type=loss_type,
+                     kl_correction=kl_correction, temperature=temperature)
+    _checks.check_choice("advantage", advantage, ADVANTAGES)
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     device = next(iter(model.parameters())).device
     generator = torch.Generator(device=device).manual_seed(seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                                   weight_decay=0.0)
+    loop = TrainingLoop(objective, optimizer, steps=updates, lr=lr, warmup_steps=warmup_steps,
+                        max_grad_norm=clip, eval_every=num_iterations,
+                        schedule=_constant if schedule is None else schedule)
     history: list[dict[str, float]] = []
+    rollouts: list[Rollout] = []
 
     def held_out() -> float:
         return mean_reward(model, tokenizer, eval_rows, scorer, max_new_tokens=max_new_tokens)
 
-    if eval_rows:
-        history.append({"step": 0, "held_out": held_out()})
-    for step in range(1, steps + 1):
-        first = (step - 1) * batch_size
-        batch = [rows[order[(first + k) % len(rows)]] for k in range(batch_size)]
-        reward = chat_rewards(tokenizer, batch, funcs, group_size)
-        stats = grpo_step(model, optimizer, chat_prompts(tokenizer, batch), reward,
-                          group_size=group_size, max_new_tokens=max_new_tokens, eos_id=eos,
-                          ref_model=ref_model, beta=beta, epsilon=epsilon, loss_type=loss_type,
-                          kl_correction=kl_correction, num_iterations=num_iterations,
-                          temperature=temperature, advantage=advantage, generator=generator)
+    def stream() -> Iterator[tuple[Rollout]]:
+        for step in itertools.count(1):
+            first = (step - 1) * batch_size
+            batch = [rows[order[(first + k) % len(rows)]] for k in range(batch_size)]
+            rollouts.append(objective.rollout(
+                chat_prompts(tokenizer, batch), chat_rewards(tokenizer, batch, funcs, group_size),
+                group_size=group_size, max_new_tokens=max_new_tokens, eos_id=eos,
+                advantage=advantage, generator=generator))
+            for _ in range(num_iterations):
+                yield (rollouts[-1],)
+
+    first_loss = 0.0
+
+    def after_step(loop: TrainingLoop) -> None:
+        nonlocal first_loss
+        if (loop.step - 1) % num_iterations == 0:
+            first_loss = objective.metrics["loss"]
+        if loop.step % num_iterations:
+            return
+        step = loop.step // num_iterations
+        stats = _round_stats(first_loss, rollouts.pop(), objective.metrics)
         stats["step"] = step
         if eval_rows and (step % eval_every == 0 or step == steps):
             stats["held_out"] = held_out()
         history.append(stats)
+
+    if eval_rows:
+        history.append({"step": 0, "held_out": held_out()})
+    loop.run(stream(), after_step=after_step)
     return history
+
+
+def _constant(step: int, *, steps: int, lr: float, warmup_steps: int) -> float:
+    """A constant rate after a linear warm-up (TRL's ``lr_scheduler_type="constant"``)."""
+    return lr * (step + 1) / warmup_steps if step < warmup_steps else lr

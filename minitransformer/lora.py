@@ -19,6 +19,7 @@ and ``v_proj`` each have their own, so an adapter on them is refused in either d
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -37,6 +38,9 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 # PEFT's names: PeftModelForCausalLM.base_model (LoraModel).model (the transformers model)
 _PEFT_PREFIX = "base_model.model."
+#: The safetensors header key under which save_adapter records its base's kind and sizes.
+BASE_METADATA = "minitransformer.base_model"
+_BASE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff")
 _PEFT_TENSOR = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_(?P<part>[AB])\.weight")
 
 
@@ -59,7 +63,8 @@ class LoRALinear(nn.Module):
     Raises:
         TypeError: ``base`` is not an ``nn.Linear`` (a ``LoRALinear`` is refused: wrapping
             twice), a size or scale of the wrong type.
-        ValueError: ``r < 1``, ``alpha <= 0``, a dropout outside ``[0, 1)``, another device.
+        ValueError: ``r < 1`` or ``r > min(in_features, out_features)``, ``alpha <= 0``, a
+            dropout outside ``[0, 1)``, another device.
     """
 
     def __init__(self, base: nn.Linear, r: int, *, alpha: float, dropout: float = 0.0,
@@ -70,6 +75,7 @@ class LoRALinear(nn.Module):
                             "second low-rank change; merge it first (merge_lora)")
         _checks.check_type("base", base, nn.Linear, "an nn.Linear")
         self.r = _checks.check_int("r", r)
+        _check_rank(self.r, base.in_features, base.out_features)
         self.alpha = _checks.check_number("alpha", alpha, positive=True)
         self.scaling = self.alpha / self.r
         factory = _checks.factory_kwargs(_base_device(base, device),
@@ -149,6 +155,15 @@ class LoRALinear(nn.Module):
         self.merged = False
 
 
+def _check_rank(r: int, in_features: int, out_features: int, name: str = "the layer") -> None:
+    """Refuse a rank above the layer's smaller side: ``B A`` cannot have a rank above
+    ``min(in, out)``, so the extra rows and columns would only cost memory."""
+    if r > min(in_features, out_features):
+        raise ValueError(f"r={r} is more than the smaller side of {name} ({in_features} -> "
+                         f"{out_features}): B A has rank at most {min(in_features, out_features)}"
+                         f"; use r <= {min(in_features, out_features)}")
+
+
 def _base_device(base: nn.Linear, device: torch.device | str | None) -> torch.device:
     """The base weight's device; a ``device`` given must be it (``"cuda"`` matches any index)."""
     here = base.weight.device
@@ -178,7 +193,8 @@ def add_lora(model: nn.Module, *, r: int, alpha: float,
     Raises:
         TypeError: ``model`` not an ``nn.Module``, a target not a string, ``r`` or ``alpha`` of
             the wrong type.
-        ValueError: ``r < 1``, ``alpha <= 0``, a bad ``dropout``, no targets, a target that
+        ValueError: ``r < 1`` or above a target layer's smaller side, ``alpha <= 0``, a bad
+            ``dropout``, no targets, a target that
             names no linear layer (the message lists those there are), a layer whose weight is
             tied to another parameter (merging would change both), or a model that already has
             LoRA layers.
@@ -189,6 +205,9 @@ def add_lora(model: nn.Module, *, r: int, alpha: float,
     dropout = _checks.check_probability("dropout", dropout)
     _check_no_lora(model)
     names = _find_targets(model, _check_targets(targets))
+    for name in names:
+        layer = model.get_submodule(name)
+        _check_rank(r, layer.in_features, layer.out_features, name)
     _wrap(model, names, r=r, alpha=alpha, dropout=dropout)
     return model
 
@@ -412,7 +431,38 @@ def save_adapter(model: nn.Module, path: str | os.PathLike, *,
         "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {},
     }
     pretrained.write_checkpoint(folder, config, tensors, weights_file=ADAPTER_WEIGHTS_FILE,
-                                config_file=ADAPTER_CONFIG_FILE)
+                                config_file=ADAPTER_CONFIG_FILE,
+                                metadata={BASE_METADATA: json.dumps(_base_shape(model))})
+
+
+def _base_shape(model: nn.Module) -> dict[str, object]:
+    """What an adapter must match in its base: the model's kind and sizes (recorded in the
+    adapter's safetensors header, which PEFT ignores)."""
+    config = model.config
+    return {"model": type(model).__name__,
+            **{k: getattr(config, k) for k in _BASE_FIELDS if hasattr(config, k)}}
+
+
+def _check_base(model: nn.Module, weights: Path) -> None:
+    """Refuse a base whose kind or sizes differ from those the adapter was trained on (an
+    adapter without them, PEFT's own, is read on the tensors' shapes alone)."""
+    from safetensors import safe_open
+
+    with safe_open(weights, "pt") as f:
+        recorded = (f.metadata() or {}).get(BASE_METADATA)
+    if recorded is None:
+        return
+    try:
+        want = json.loads(recorded)
+    except ValueError:
+        raise ValueError(f"{weights}: its {BASE_METADATA} is not JSON (edited?)") from None
+    have = _base_shape(model)
+    differ = [k for k in want if k in have and want[k] != have[k]]
+    if differ:
+        raise ValueError(f"{weights} was trained on a base with "
+                         + ", ".join(f"{k} {want[k]!r}" for k in differ) + "; this one has "
+                         + ", ".join(f"{k} {have[k]!r}" for k in differ)
+                         + ": load it into the model it was trained on")
 
 
 def _check_folder(path: object) -> Path:
@@ -448,12 +498,14 @@ def load_adapter(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             safetensors; a config this LoRA cannot express (another ``peft_type`` or
             ``task_type``, ``use_rslora``, ``use_dora``, ``modules_to_save``, a bias, ...);
             a tensor name unknown to the model, on GPT-2's fused ``c_attn``, without its
-            partner, or of the wrong shape (each named).
+            partner, or of the wrong shape (each named); a base of another kind or size
+            (vocabulary, width, layers, heads) than the one :func:`save_adapter` recorded.
     """
     table = _module_table(model)
     _check_no_lora(model)
     folder = _check_folder(path)
     config, tensors = _read_adapter(folder)
+    _check_base(model, folder / ADAPTER_WEIGHTS_FILE)
     source = str(folder / ADAPTER_CONFIG_FILE)
     r, alpha, dropout = _adapter_settings(config, source)
     pairs = _adapter_tensors(tensors, table, str(folder / ADAPTER_WEIGHTS_FILE))

@@ -23,6 +23,7 @@ for a notebook.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -112,6 +113,8 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
     beta = _checks.check_number("beta", beta, positive=True)
     _check_log_probs(policy_chosen=policy_chosen, policy_rejected=policy_rejected,
                      ref_chosen=ref_chosen, ref_rejected=ref_rejected)
+    if policy_chosen.numel() == 0:
+        raise ValueError("the log-probabilities are empty: no pairs to average the loss over")
     margin = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
     scaled = beta * margin
     if not bool(torch.isfinite(scaled).all()) and bool(torch.isfinite(margin).all()):
@@ -128,6 +131,11 @@ def preference_accuracy(chosen: Tensor, rejected: Tensor) -> float:
     _check_log_probs(chosen=chosen, rejected=rejected)
     if chosen.numel() == 0:
         raise ValueError("chosen and rejected are empty: no pairs to count")
+    for name, value in (("chosen", chosen), ("rejected", rejected)):
+        if not bool(torch.isfinite(value).all()):
+            where = int((~torch.isfinite(value)).nonzero()[0])
+            raise ValueError(f"{name}[{where}] is {value[where].item()}: a score must be a "
+                             f"finite number to be ranked")
     return (chosen > rejected).float().mean().item()
 
 
@@ -333,6 +341,8 @@ def dpo_batches(tokenizer: object, pairs: Sequence[Mapping[str, object]], *, bat
     from ``generator``, whose state is the data's position."""
     _check_list("pairs", pairs)
     _checks.check_int("batch_size", batch_size)
+    _checks.check_type("generator", generator, torch.Generator,
+                       "a torch.Generator (its state is the data's position)")
     for n, pair in enumerate(pairs):            # refused here, not at some later step
         try:
             check_pair(pair)
@@ -343,6 +353,27 @@ def dpo_batches(tokenizer: object, pairs: Sequence[Mapping[str, object]], *, bat
                               device=generator.device).tolist()
         yield dpo_batch(tokenizer, [pairs[i] for i in picks], context_length=context_length,
                         device=device)
+
+
+def identical_pairs(pairs: Sequence[Mapping[str, object]]) -> list[int]:
+    """The indices of the pairs whose ``chosen`` equals their ``rejected``: their margin is
+    0 whatever the policy, so they add ``ln 2`` to the loss and nothing to its gradient."""
+    _check_list("pairs", pairs)
+    return [n for n, pair in enumerate(pairs)
+            if check_pair(pair, f"pairs[{n}]")["chosen"] == pair["rejected"]]
+
+
+def identical_pairs_warning(pairs: Sequence[Mapping[str, object]], *,
+                            labels: Sequence[str] | None = None) -> str | None:
+    """A one-line warning when some pairs have ``chosen`` equal to ``rejected``, naming the
+    first (``pairs[n]``, or its entry of ``labels``), else None."""
+    same = identical_pairs(pairs)
+    if not same:
+        return None
+    first = f"pairs[{same[0]}]" if labels is None else labels[same[0]]
+    return (f"{len(same)} of {len(pairs)} pairs have chosen equal to rejected (the first: "
+            f"{first}): DPO learns nothing from them"
+            + (", so this run trains for nothing" if len(same) == len(pairs) else ""))
 
 
 # ----- training -----------------------------------------------------------------------------------
@@ -374,6 +405,11 @@ class DPO(nn.Module):
             raise ValueError("reference is the policy itself: it would move with it; pass a "
                              "copy (or None for one)")
         self.beta = _checks.check_number("beta", beta, positive=True)
+        sizes = [getattr(getattr(m, "config", None), "vocab_size", None)
+                 for m in (policy, reference)]
+        if None not in sizes and sizes[0] != sizes[1]:
+            raise ValueError(f"the reference has a vocabulary of {sizes[1]} tokens, the policy "
+                             f"{sizes[0]}: the reference must be the policy as it started")
         where = {p.device for p in (*policy.parameters(), *reference.parameters())}
         if len(where) > 1:
             raise ValueError(f"policy and reference must be on one device, got "
@@ -392,7 +428,13 @@ class DPO(nn.Module):
         (``(2B,)``; the reference's without a graph)."""
         logits = self.policy(idx)[0]
         with torch.no_grad():
-            ref = sequence_log_probs(self.reference(idx)[0], targets)
+            ref_logits = self.reference(idx)[0]
+        if ref_logits.shape != logits.shape:
+            raise ValueError(f"the reference's logits {tuple(ref_logits.shape)} differ from the "
+                             f"policy's {tuple(logits.shape)}: the reference must be a model of "
+                             f"the same vocabulary (the policy as it started)")
+        with torch.no_grad():
+            ref = sequence_log_probs(ref_logits, targets)
         return logits, sequence_log_probs(logits, targets), ref
 
     def forward(self, idx: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -430,6 +472,10 @@ def dpo_train(policy: nn.Module, tokenizer: object, pairs: Sequence[Mapping[str,
     step's DPO loss (the first is ln 2)."""
     _checks.check_int("seed", seed, low=0)
     model = DPO(policy, reference, beta=beta)
+    _check_list("pairs", pairs)
+    message = identical_pairs_warning(pairs)
+    if message is not None:
+        warnings.warn(message, stacklevel=2)
     device = next(policy.parameters()).device
     context = getattr(getattr(policy, "config", None), "context_length", None)
     batches = dpo_batches(tokenizer, pairs, batch_size=batch_size, context_length=context,

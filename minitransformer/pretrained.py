@@ -322,10 +322,12 @@ def read_checkpoint(folder: Path, *, weights_file: str = WEIGHTS_FILE,
 
 
 def write_checkpoint(folder: str | os.PathLike, config: dict, tensors: dict[str, Tensor], *,
-                     weights_file: str = WEIGHTS_FILE, config_file: str = CONFIG_FILE) -> None:
+                     weights_file: str = WEIGHTS_FILE, config_file: str = CONFIG_FILE,
+                     metadata: dict[str, str] | None = None) -> None:
     """Write ``config.json`` and ``model.safetensors`` (or the files named) into ``folder``
     (created if needed). Each file is written under a temporary name and then renamed, so a
-    reader never sees half a file. A PEFT adapter is written the same way (chapter 16)."""
+    reader never sees half a file. A PEFT adapter is written the same way (chapter 16), with
+    ``metadata`` in the safetensors header beside ``"format": "pt"``."""
     from safetensors.torch import save_file
 
     if not isinstance(folder, (str, os.PathLike)):
@@ -336,7 +338,7 @@ def write_checkpoint(folder: str | os.PathLike, config: dict, tensors: dict[str,
     folder.mkdir(parents=True, exist_ok=True)
     weights = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     tmp = folder / (weights_file + ".tmp")
-    save_file(weights, tmp, metadata={"format": "pt"})
+    save_file(weights, tmp, metadata={"format": "pt", **(metadata or {})})
     os.replace(tmp, folder / weights_file)
     tmp = folder / (config_file + ".tmp")
     tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

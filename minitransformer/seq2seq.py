@@ -315,8 +315,13 @@ class Seq2Seq(nn.Module):
                           kv_cache: KVCache | None = None) -> Tensor:
         """The logits ``(B, tgt_vocab_size)`` of the token that follows ``tgt_in`` ``(B, t)``.
         With a ``kv_cache`` for the decoder's self-attention (chapter 11), ``tgt_in`` holds only
-        the tokens after the cached ones. Unchecked: for generation loops that checked their
-        input once."""
+        the tokens after the cached ones.
+
+        Raises:
+            TypeError, ValueError: ``tgt_in`` not a ``(B, t)`` tensor of ids in
+                ``[0, tgt_vocab_size)``.
+        """
+        _checks.check_token_ids("tgt_in", tgt_in, self.config.tgt_vocab_size)
         logits = self._decode(tgt_in, source.memory, source.mask, keys_values=source.keys_values,
                               kv_cache=kv_cache)
         return logits[:, -1]

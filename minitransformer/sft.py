@@ -11,6 +11,9 @@ is the batch that a model's ``forward`` and chapter 9's ``train`` already take, 
 runs in the same :class:`~minitransformer.training.TrainingLoop` as pre-training, and
 :func:`sft_loss` is the model's own loss: the mean over the batch's assistant tokens, as TRL's
 ``SFTTrainer`` with ``assistant_only_loss=True`` computes it.
+
+The same step written from log-probabilities, as chapter 17's methods start from them:
+:func:`masked_mean`, :func:`sft_step`, and :func:`token_entropy` to watch how sure the model is.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from minitransformer import _checks
 from minitransformer._checks import check_int, check_type
 from minitransformer.chat import PAD, check_chat_tokenizer, encode_chat
 from minitransformer.lm import IGNORE_INDEX
@@ -107,3 +111,61 @@ def sft_loss(model: nn.Module, tokenizer: object,
     context = getattr(getattr(model, "config", None), "context_length", None)
     return model(*sft_batch(tokenizer, conversations, context_length=context,
                             device=device))[1]
+
+
+# ----- the pieces of a fine-tuning step, written out (CS336's alignment assignment) -----------
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """The mean of ``values`` where ``mask`` is True: ``sum(values · mask) / sum(mask)``, over
+    everything (``dim=None``) or along ``dim``. ``mask`` is boolean and of ``values``' shape.
+
+    Raises:
+        TypeError, ValueError: a mask that is not boolean or not of ``values``' shape, or
+            with no True where a mean is taken (it would be 0 / 0).
+    """
+    _checks.check_float_tensor("values", values)
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a boolean tensor, got {_checks._type_name(mask)}")
+    if mask.shape != values.shape:
+        raise ValueError(f"mask must have the shape of values {_checks.shape(values)}, got "
+                         f"{_checks.shape(mask)}")
+    if dim is not None:
+        _checks.check_int("dim", dim, low=-values.ndim)
+        if dim >= values.ndim:
+            raise ValueError(f"dim must be below values' {values.ndim} dimensions, got {dim}")
+    count = mask.sum() if dim is None else mask.sum(dim)
+    if bool((count == 0).any()):
+        raise ValueError("mask has no True " + ("at all" if dim is None else
+                         f"in some row along dim={dim}") + ": the mean would be 0 / 0")
+    total = (values * mask).sum() if dim is None else (values * mask).sum(dim)
+    return total / count
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """The entropy of the next-token distribution at each position,
+    ``H = -sum_v p_v log p_v`` with ``p = softmax(logits)``, in nats: ``(..., V)`` ->
+    ``(...)``. 0 for a certain prediction, ``ln V`` for a uniform one."""
+    _checks.check_float_tensor("logits", logits)
+    if logits.ndim == 0:
+        raise ValueError("logits must have a last dimension (the vocabulary), got a scalar")
+    log_p = logits.log_softmax(-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def sft_step(log_probs: Tensor, mask: Tensor, *, grad_accum: int = 1) -> Tensor:
+    """One micro-batch of supervised fine-tuning from the log-probabilities of the answer's
+    tokens: ``loss = -masked_mean(log_probs, mask) / grad_accum``, back-propagated
+    (``loss.backward()``); returns the loss, detached. With ``mask = targets != -100`` this
+    is :func:`sft_loss`'s cross-entropy (divided by ``grad_accum``, so that the gradients of
+    ``grad_accum`` micro-batches add up to one batch's); the optimizer steps after the last.
+
+    Args:
+        log_probs: ``(B, T)`` the log-probability of each target token (with a graph), e.g.
+            :func:`~minitransformer.preferences.per_token_log_probs`.
+        mask: ``(B, T)`` bool, True on the answer's tokens.
+        grad_accum: the micro-batches of one optimizer step.
+    """
+    grad_accum = check_int("grad_accum", grad_accum)
+    loss = -masked_mean(log_probs, mask) / grad_accum
+    loss.backward()
+    return loss.detach()

@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -77,7 +78,7 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
 
     Each file is encoded on its own, cut at places where the ids cannot change
     (:meth:`~minitransformer.bpe.BPETokenizer.encode_iterable`'s rule), in ``workers``
-    processes (default: the cores), by the tokenizer itself: Hugging Face ``tokenizers``, read
+    processes (default, and at most: the cores), by the tokenizer itself: Hugging Face ``tokenizers``, read
     from the same files, gives the same ids (tested) but was no faster per core
     (``benchmarks/prepare.py``), so the package does not use it.
 
@@ -86,6 +87,11 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
     ``index.json`` comes last and ``prepare.partial`` marks the directory until then, so a run
     killed at any moment leaves a directory that :class:`TokenFiles` refuses and that
     ``prepare`` may overwrite.
+
+    A learned tokenizer can have fewer tokens than ``vocab_size``: when no pair of the sample
+    is left to merge. ``prepare`` then warns (``UserWarning``) and the index records the real
+    count. ``index.json`` records the tokenizer files' SHA-256 (:func:`tokenizer_sha256`),
+    which :class:`TokenFiles` checks: files swapped for another tokenizer's are refused.
 
     Raises ``ValueError`` naming the file and byte offset for text that is not UTF-8, and for
     an empty input, an ``out_dir`` that holds anything else, a vocabulary that does not fit
@@ -104,7 +110,8 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
     check_number("val_fraction", val_fraction, low=0.0)
     if val_fraction >= 1:
         raise ValueError(f"val_fraction must be below 1, got {val_fraction}")
-    workers = _default_workers() if workers is None else check_int("workers", workers)
+    workers = min(_default_workers(), _default_workers() if workers is None
+                  else check_int("workers", workers))
     check_int("seed", seed, low=0)
     check_int("sample_bytes", sample_bytes)
     if dtype is not None:
@@ -138,6 +145,11 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
             merges = pool.apply(_learn, (sources, sample_bytes, seed, vocab_size))
         tokenizer = BPETokenizer(merges, pattern=GPT2_PATTERN, special_tokens=CHAT_TOKENS)
         origin = {"trained": True, "sample_bytes": min(sample_bytes, total), "seed": seed}
+        if len(tokenizer) < vocab_size:
+            warnings.warn(f"vocab_size={vocab_size:,} asked, but the tokenizer learned only "
+                          f"{len(tokenizer):,} tokens: no pair of the "
+                          f"{min(sample_bytes, total):,}-byte sample is left to merge",
+                          stacklevel=3)
     elif isinstance(tokenizer, BPETokenizer):
         origin = {"trained": False, "from": repr(tokenizer)}
     else:
@@ -170,7 +182,8 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
     index = {
         "format": FORMAT, "version": VERSION, "dtype": name, "vocab_size": len(tokenizer),
         "tokens": counts, "files": {"train": TRAIN_FILE, "val": VAL_FILE},
-        "tokenizer": {"files": list(TOKENIZER_FILES), **origin},
+        "tokenizer": {"files": list(TOKENIZER_FILES), **origin,
+                      "sha256": tokenizer_sha256(staged)},
         "val_fraction": val_fraction, "bytes": total,
         "sources": [{"path": os.path.abspath(path), "bytes": size, "sha256": digest}
                     for (path, size), digest in zip(sources, hashes)],
@@ -182,6 +195,18 @@ def _prepare(sources, out, total, *, vocab_size, tokenizer, val_fraction, worker
     staged.rmdir()
     _write_atomically(out / INDEX_FILE, json.dumps(index, indent=2, ensure_ascii=False) + "\n")
     return index
+
+
+def tokenizer_sha256(folder: str | os.PathLike) -> str:
+    """The SHA-256 of a tokenizer directory's ``vocab.json`` and ``merges.txt`` (each file's
+    name, length and bytes, in that order): what ``index.json`` records and
+    :class:`TokenFiles` checks."""
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES[:2]:
+        data = (Path(folder) / name).read_bytes()
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def _learn(sources, sample_bytes: int, seed: int, vocab_size: int) -> list:
@@ -468,6 +493,12 @@ class TokenFiles:
             raise ValueError(f"{where} says vocab_size {self.index['vocab_size']}, the "
                              f"tokenizer files hold {len(self.tokenizer)} tokens")
         _dtype_for(len(self.tokenizer), self.index["dtype"])
+        origin = self.index.get("tokenizer")
+        recorded = origin.get("sha256") if isinstance(origin, dict) else None
+        if recorded is not None and recorded != tokenizer_sha256(self.path):
+            raise ValueError(f"{self.path}'s vocab.json and merges.txt are not the tokenizer "
+                             f"that made its ids (their SHA-256 differs from the one {where} "
+                             f"records): put the right ones back, or run prepare again")
         self.train = self._map("train")
         self.val = self._map("val")
 

@@ -193,7 +193,8 @@ class TrainingLoop:
     skips the all-reduce of every micro-batch but the last); ``eval_model`` is then the bare
     model that :func:`evaluate` runs, and ``mean_loss`` turns each process's loss into the mean
     over all processes, so that the recorded training loss is the whole batch's. ``schedule``
-    names the learning-rate schedule in ``SCHEDULES`` (``"cosine"`` or ``"wsd"``).
+    names the learning-rate schedule in ``SCHEDULES`` (``"cosine"`` or ``"wsd"``), or is a
+    function with :func:`learning_rate`'s arguments.
     ``step`` counts the updates done; :meth:`state_dict` and :meth:`load_state_dict` save and
     restore it with the running loss and the history.
     Arguments are checked by the caller (:func:`train`, the command line).
@@ -203,10 +204,11 @@ class TrainingLoop:
                  lr: float, warmup_steps: int, max_grad_norm: float = 1.0,
                  grad_accum: int = 1, val_batches: list[tuple] | None = None,
                  eval_every: int = 100, eval_model: nn.Module | None = None,
-                 schedule: str = "cosine",
+                 schedule: str | Callable[..., float] = "cosine",
                  mean_loss: Callable[[float], float] | None = None) -> None:
         self.model, self.optimizer = model, optimizer
-        self.schedule, self.mean_loss = SCHEDULES[schedule], mean_loss
+        self.schedule = SCHEDULES[schedule] if isinstance(schedule, str) else schedule
+        self.mean_loss = mean_loss
         self.steps, self.lr, self.warmup_steps = steps, lr, warmup_steps
         self.max_grad_norm, self.grad_accum = max_grad_norm, grad_accum
         self.val_batches, self.eval_every = val_batches, eval_every

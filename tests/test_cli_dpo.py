@@ -355,3 +355,24 @@ def test_a_line_separator_inside_a_json_string_is_text(tmp_path):
                     encoding="utf-8")
     records, _ = read_json_lines(str(path))
     assert records == [(1, record), (3, record)]
+
+
+def test_pairs_whose_chosen_is_rejected_are_warned_of_in_one_line(gpt_base, tmp_path):
+    # issue 40: such pairs trained for nothing without a word
+    same = write(tmp_path / "same.jsonl", [pair(0), {"prompt": "Say cat:", "chosen": " cat",
+                                                     "rejected": " cat"}])
+    status, _, stderr = run("dpo", "--model", gpt_base, "--data", same, "--out",
+                            tmp_path / "out", *QUICK, "--steps", "1")
+    assert status == 0, stderr
+    assert stderr == (f"warning: --data {same}: 1 of 2 pairs have chosen equal to rejected "
+                      f"(the first: line 2): DPO learns nothing from them\n")
+
+
+def test_a_lora_rank_above_the_model_width_is_refused_in_one_line(gpt_base, data, tmp_path):
+    # issue 40: --lora-rank 10000 on d_model 16 was accepted
+    out = tmp_path / "out"
+    status, stdout, stderr = run("dpo", "--model", gpt_base, "--data", data / "pairs.jsonl",
+                                 "--out", out, *QUICK, "--lora-rank", "10000")
+    assert status == 2 and stdout == "" and len(stderr.strip().splitlines()) == 1
+    assert "--lora-rank 10000: r=10000 is more than the smaller side of" in stderr
+    assert not out.exists() or not any(out.iterdir())

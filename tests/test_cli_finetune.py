@@ -329,3 +329,12 @@ def test_torchrun_two_processes_equal_one(gpt_base, data, tmp_path):
     a, b = tensors(one / "model.safetensors"), tensors(two / "model.safetensors")
     gap = max((a[k] - b[k]).abs().max().item() for k in a)
     assert gap <= 1e-4
+
+
+def test_a_lora_rank_above_the_model_width_is_refused_in_one_line(gpt_base, data, tmp_path):
+    # issue 40: --lora-rank 10000 on a model of width 16 was accepted
+    status, stdout, stderr = run("finetune", "--model", gpt_base, "--data",
+                                 data / "chats.jsonl", "--out", tmp_path / "out", *QUICK,
+                                 "--lora-rank", "10000")
+    assert status == 2 and stdout == "" and len(stderr.strip().splitlines()) == 1
+    assert "--lora-rank 10000: r=10000 is more than the smaller side of" in stderr

@@ -26,6 +26,7 @@ from minitransformer.chat import CHAT_TOKENS, END_OF_TURN, write_chat_template
 from minitransformer.grpo import (
     chat_prompts,
     chat_replies,
+    chat_rewards,
     completion_batch,
     group_advantages,
     grpo_loss,
@@ -149,6 +150,25 @@ def test_loss_equals_the_float64_formula(loss_type, beta, correction):
     assert got.item() == pytest.approx(want, abs=1e-12)
 
 
+@pytest.mark.parametrize("epsilon", [1.0, 1.5])
+def test_an_epsilon_of_1_or_more_turns_the_lower_clip_off(epsilon):
+    """TRL accepts epsilon >= 1 (issue 40): 1 - epsilon <= 0 is below every ratio, so only the
+    upper clip acts; the loss is the formula's, and a ratio far below 1 keeps its gradient."""
+    log_probs, old, _, advantages, mask = loss_batch()
+    got = grpo_loss(log_probs, old, advantages, mask, epsilon=epsilon)
+    want = by_hand_loss(log_probs.tolist(), old.tolist(), advantages.tolist(), mask.tolist(),
+                        epsilon=epsilon)
+    assert got.item() == pytest.approx(want, abs=1e-12)
+    low = torch.tensor([[math.log(0.01)]], dtype=torch.float64, requires_grad=True)
+    grpo_loss(low, torch.zeros_like(low), torch.tensor([-1.0], dtype=torch.float64),
+              torch.ones_like(low, dtype=torch.bool), epsilon=epsilon).backward()
+    assert low.grad.item() == pytest.approx(0.01)       # d(-ratio * A)/d logp = ratio
+    low.grad = None
+    grpo_loss(low, torch.zeros_like(low), torch.tensor([-1.0], dtype=torch.float64),
+              torch.ones_like(low, dtype=torch.bool), epsilon=0.2).backward()
+    assert low.grad.item() == 0.0                        # the check can fail: clipped at 0.8
+
+
 def test_first_loss_is_zero_on_policy():
     """Ratio 1 everywhere and group advantages summing to 0: the loss is 0, its gradient not."""
     log_probs, _, _, _, mask = loss_batch()
@@ -225,7 +245,6 @@ def test_loss_refusals():
         ({"beta": 0.1}, ValueError, "beta=0.1 weights a KL term to the reference"),
         ({"ref_log_probs": ref}, ValueError, "ref_log_probs given with beta=0"),
         ({"beta": -0.1, "ref_log_probs": ref}, ValueError, "beta must be at least 0.0"),
-        ({"epsilon": 1.0}, ValueError, "epsilon must be below 1"),
         ({"epsilon": 0}, ValueError, "epsilon must be positive, got 0"),
         ({"epsilon": "0.2"}, TypeError, "epsilon must be a number, got str"),
         ({"loss_type": "ppo"}, ValueError, r"loss_type must be one of .* got 'ppo'"),
@@ -436,6 +455,21 @@ def test_grpo_step_refusals():
         grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0], group_size=1, max_new_tokens=2)
 
 
+def test_a_grpo_step_refuses_an_optimizer_over_another_model():
+    # issue 40: it changed nothing and reported metrics
+    model = tiny_gpt()
+    optimizer = torch.optim.SGD(tiny_gpt().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="the optimizer holds none of the model's trainable"):
+        grpo_step(model, optimizer, [[1, 2]], lambda c: [0.0, 1.0], group_size=2,
+                  max_new_tokens=2)
+
+
+def test_completion_batch_refuses_a_negative_token():
+    # issue 40: a target of -3 was kept (and -100 would silently drop a token)
+    with pytest.raises(ValueError, match=r"a token of completions\[1\] must be at least 0"):
+        completion_batch([[1, 2]], [[3, 4], [5, -3]])
+
+
 # --- the task and its rewards ----------------------------------------------------------------
 
 def test_the_task_is_checked_by_a_program():
@@ -488,6 +522,29 @@ def chat_setup():
     return tok, train, val
 
 
+def _grpo_by_steps(model, tok, rows, reward_func, *, steps, batch_size, group_size, lr,
+                   max_new_tokens, num_iterations, temperature, seed=0):
+    """grpo_train as it was before issue 40: grpo_step in a plain loop, AdamW, no clipping."""
+    import random
+
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    end = tok.special_tokens[END_OF_TURN]
+    history = []
+    for step in range(1, steps + 1):
+        batch = [rows[order[((step - 1) * batch_size + k) % len(rows)]]
+                 for k in range(batch_size)]
+        stats = grpo_step(model, optimizer, chat_prompts(tok, batch),
+                          chat_rewards(tok, batch, reward_func, group_size),
+                          group_size=group_size, max_new_tokens=max_new_tokens, eos_id=end,
+                          num_iterations=num_iterations, temperature=temperature,
+                          generator=generator)
+        history.append({**stats, "step": step})
+    return history
+
+
 def test_grpo_train_runs_on_chat_rows(chat_setup):
     tok, train, val = chat_setup
     model = tiny_gpt(len(tok), context_length=64)
@@ -503,6 +560,22 @@ def test_grpo_train_runs_on_chat_rows(chat_setup):
     assert "held_out" in history[0] and "held_out" in history[2] and "held_out" in history[3]
     assert abs(history[1]["loss"]) < 1e-6
     assert 0 <= history[-1]["held_out"] <= 1
+    # issue 40: grpo_train runs in TrainingLoop; without clipping and schedule (the defaults)
+    # it is the loop of grpo_step with AdamW it used to be, bit for bit, and not with them
+    for iterations in (1, 2):
+        options = dict(steps=3, batch_size=2, group_size=3, lr=1e-2, max_new_tokens=6,
+                       num_iterations=iterations, temperature=0.9)
+        models = [tiny_gpt(len(tok), context_length=64) for _ in range(3)]
+        by_hand = _grpo_by_steps(models[0], tok, train, data.reward_length, **options)
+        assert grpo_train(models[1], tok, train, data.reward_length, **options) == by_hand
+        grpo_train(models[2], tok, train, data.reward_length, max_grad_norm=1e-3,
+                   schedule="cosine", warmup_steps=1, **options)
+        for mine, theirs, clipped in zip(*(m.parameters() for m in models)):
+            assert torch.equal(mine, theirs)
+        assert any(not torch.equal(a, b) for a, b in zip(models[0].parameters(),
+                                                         tiny_gpt(len(tok), 64).parameters()))
+        assert any(not torch.equal(a, b) for a, b in zip(models[0].parameters(),
+                                                         models[2].parameters()))
     # mean_reward: the greedy replies, cut at <|end|>, scored
     end = tok.special_tokens[END_OF_TURN]
     words = []

@@ -45,7 +45,13 @@ from minitransformer.lora import (
     merge_lora,
     trainable_parameters,
 )
-from minitransformer.preferences import DPO, check_pair, dpo_batches, encode_pair
+from minitransformer.preferences import (
+    DPO,
+    check_pair,
+    dpo_batches,
+    encode_pair,
+    identical_pairs_warning,
+)
 from minitransformer.training import BAR_FORMAT, TrainingLoop, make_optimizer
 
 #: What a new run uses for a flag that is not given (beta: TRL's default).
@@ -178,12 +184,19 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     else:
         policy = copy.deepcopy(reference)
     if lora:
-        add_lora(policy, r=s["lora_rank"], alpha=float(s["lora_rank"]),
-                 targets=LORA_TARGETS[type(policy).__name__])
+        try:
+            add_lora(policy, r=s["lora_rank"], alpha=float(s["lora_rank"]),
+                     targets=LORA_TARGETS[type(policy).__name__])
+        except ValueError as exc:
+            raise CommandLineError(f"--lora-rank {s['lora_rank']}: {exc}") from None
         if resumed:
             _load_lora(policy, resumed["tensors"], resumed["folder"])
     context = policy.config.context_length
     tokens = _check_pairs(tokenizer, pairs, context, s["data"])
+    same = identical_pairs_warning([pair for _, pair in pairs],
+                                   labels=[f"line {n}" for n, _ in pairs])
+    if same is not None and not resumed:
+        print(f"warning: --data {s['data']}: {same}", file=sys.stderr)
     dpo = DPO(policy, reference, beta=s["beta"])
     generator = torch.Generator().manual_seed(s["seed"])
     optimizer = make_optimizer(dpo, s["lr"], 0.0)       # no weight decay, as TRL

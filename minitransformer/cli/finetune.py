@@ -180,7 +180,9 @@ def _add_lora(model: nn.Module, s: dict) -> None:
         add_lora(model, r=s["lora_rank"], alpha=s["lora_alpha"], targets=s["lora_targets"])
         peft_module_names(model)
     except (TypeError, ValueError) as exc:
-        raise CommandLineError(f"--lora-targets {' '.join(s['lora_targets'])}: {exc}") from None
+        flag = (f"--lora-rank {s['lora_rank']}" if str(exc).startswith(f"r={s['lora_rank']} ")
+                else f"--lora-targets {' '.join(s['lora_targets'])}")
+        raise CommandLineError(f"{flag}: {exc}") from None
 
 
 def _load_adapter_weights(model: nn.Module, folder: Path) -> None:

@@ -194,7 +194,7 @@ def bad_inputs(data, tiny_run, tmp_path) -> dict[str, tuple[list, str]]:
                                           "is not UTF-8"),
         "heads that do not divide the width": ([*new, "--num-heads", "3"],
                                                "--num-heads 3 does not divide --d-model 32"),
-        "--steps 0": ([*new, "--steps", "0"], "--steps: must be at least 1"),
+        "--steps 0": ([*new, "--steps", "0"], "--steps: must be a whole number at least 1"),
         "a batch not divisible by grad-accum": ([*new, "--grad-accum", "3"],
                                                 "--batch-size 8 is not divisible"),
         "a missing model directory": (["generate", "--model", tmp_path / "none", "--prompt",

@@ -83,7 +83,7 @@ def test_under_torchrun_a_bad_flag_is_printed_once(tmp_path):
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert result.returncode != 0
-    assert result.stderr.count("--steps: must be at least 1") == 1, result.stderr[-2000:]
+    assert result.stderr.count("--steps: must be a whole number at least 1") == 1, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("argv", [["train", "--dat", "x.txt", "--out", "o"],

@@ -15,7 +15,13 @@ from minitransformer.cache import KVCache
 from minitransformer.classifier import EncoderClassifier
 from minitransformer.device import default_device
 from minitransformer.functional import layer_norm, rms_norm, softmax
-from minitransformer.generation import beam_search, generate, sample_next
+from minitransformer.generation import (
+    SamplingParams,
+    beam_search,
+    generate,
+    sample_next,
+    stream_tokens,
+)
 from minitransformer.gpt import GPT, GPTConfig
 from minitransformer.grpo import group_advantages, grpo_loss, grpo_step, grpo_train, sample_group
 from minitransformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerNorm
@@ -57,6 +63,7 @@ __all__ = [
     "MultiHeadAttention",
     "Seq2Seq",
     "Seq2SeqConfig",
+    "SamplingParams",
     "SkipModel",
     "Vocabulary",
     "beam_search",
@@ -79,6 +86,7 @@ __all__ = [
     "second_order_matrix",
     "sinusoidal_positional_encoding",
     "softmax",
+    "stream_tokens",
     "tokenize",
     "train",
     "transition_matrix",

@@ -310,3 +310,17 @@ def check_scores(x: Tensor, dim: int = -1) -> Tensor:
         raise ValueError(f"softmax got a slice along dim {dim} whose scores are all -inf "
                          f"(every position masked), in a tensor of shape {shape(x)}")
     return largest
+
+
+def check_id_list(name: str, ids: object, *, allow_empty: bool = True) -> list[int]:
+    """Token ids given as a list or tuple of ints >= 0 or a 1-D integer tensor, as a list of
+    ``int`` (a prompt, stop tokens); ``allow_empty=False`` asks for at least one."""
+    if isinstance(ids, Tensor):
+        if ids.ndim != 1:
+            raise ValueError(f"{name} must be one row of token ids, got shape {shape(ids)}")
+        check_int_tensor(name, ids)
+        ids = ids.tolist()
+    check_type(name, ids, (list, tuple), "a list of token ids")
+    if not ids and not allow_empty:
+        raise ValueError(f"{name} is empty: it needs at least one token")
+    return [check_int(f"{name}[{i}]", t, low=0) for i, t in enumerate(ids)]

@@ -23,19 +23,13 @@ from torch import Tensor, nn
 from minitransformer import _checks
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
-from minitransformer.generation import _check_sampling, _choose
+from minitransformer.generation import SamplingParams, _sampling_of
 
 
 def _check_prompts(prompts: object) -> list[list[int]]:
     _checks.check_type("prompts", prompts, (list, tuple), "a list of lists of token ids")
-    checked = []
-    for i, prompt in enumerate(prompts):
-        _checks.check_type(f"prompts[{i}]", prompt, (list, tuple), "a list of token ids")
-        if not prompt:
-            raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
-        checked.append([_checks.check_int(f"prompts[{i}][{j}]", t, low=0)
-                        for j, t in enumerate(prompt)])
-    return checked
+    return [_checks.check_id_list(f"prompts[{i}]", prompt, allow_empty=False)
+            for i, prompt in enumerate(prompts)]
 
 
 def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int,
@@ -73,7 +67,8 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_t
                    eos_id: int | None = None, temperature: float = 1.0,
                    top_k: int | None = None, top_p: float | None = None,
                    presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                   seeds: Sequence[int | None] | None = None) -> list[list[int]]:
+                   seeds: Sequence[int | None] | None = None,
+                   sampling: SamplingParams | None = None) -> list[list[int]]:
     """Continue every prompt by up to ``max_new_tokens`` tokens, all in one batch (static
     batching: the batch runs until its longest answer is done).
 
@@ -90,7 +85,10 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_t
         eos_id: the token that ends a row (kept as its last token).
         temperature, top_k, top_p, presence_penalty, frequency_penalty: as for
             :func:`~minitransformer.generation.generate`; each row counts its own tokens.
-        seeds: one seed (or ``None``: PyTorch's global generator) per prompt.
+        seeds: one seed (or ``None``: PyTorch's global generator) per prompt; ``None``: every
+            row seeded with ``sampling.seed`` (``None`` without ``sampling``).
+        sampling: the five options in one
+            :class:`~minitransformer.generation.SamplingParams` instead of as keywords.
 
     Returns:
         the new tokens of each prompt, in order (cut after ``eos_id``).
@@ -107,8 +105,9 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_t
     c = model.config
     prompts = _check_prompts(prompts)
     _checks.check_int("max_new_tokens", max_new_tokens, low=0)
-    _check_sampling(temperature, top_k, top_p, presence_penalty, frequency_penalty,
-                    c.vocab_size)
+    sampling, _ = _sampling_of(sampling, None, None, c.vocab_size, temperature=temperature,
+                               top_k=top_k, top_p=top_p, presence_penalty=presence_penalty,
+                               frequency_penalty=frequency_penalty)
     if eos_id is not None and _checks.check_int("eos_id", eos_id, low=0) >= c.vocab_size:
         raise ValueError(f"eos_id={eos_id} is not a token of the vocabulary [0, {c.vocab_size})")
     for i, prompt in enumerate(prompts):
@@ -120,7 +119,7 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_t
                              f"{max_new_tokens} make more than context_length="
                              f"{c.context_length}")
     if seeds is None:
-        seeds = [None] * len(prompts)
+        seeds = [sampling.seed] * len(prompts)
     _checks.check_type("seeds", seeds, (list, tuple), "a list of seeds (int or None)")
     if len(seeds) != len(prompts):
         raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
@@ -132,32 +131,31 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_t
     device = model.token_embedding.weight.device
     generators = [None if s is None else torch.Generator(device).manual_seed(s) for s in seeds]
     with eval_mode(model), torch.inference_mode():
-        return _generate(model, prompts, max_new_tokens, eos_id, generators,
-                         (temperature, top_k, top_p, presence_penalty, frequency_penalty))
+        return _generate(model, prompts, max_new_tokens, eos_id, generators, sampling)
 
 
 def _generate(model: nn.Module, prompts: list[list[int]], max_new_tokens: int,
-              eos_id: int | None, generators: list, options: tuple) -> list[list[int]]:
+              eos_id: int | None, generators: list, sampling: SamplingParams
+              ) -> list[list[int]]:
     """:func:`generate_batch`'s loop, on checked arguments."""
     device = model.token_embedding.weight.device
     idx, mask, positions = left_pad(prompts, pad_id=0, device=device)
     batch, width = idx.shape
     step = model.make_decode_step()
     cache = KVCache(model.config.num_layers, max_len=width + max_new_tokens)
-    penalised = bool(options[3] or options[4])
     counts = (torch.zeros(batch, model.config.vocab_size, dtype=torch.long, device=device)
-              if penalised else None)
+              if sampling.penalised else None)
     out: list[list[int]] = [[] for _ in prompts]
     done = [False] * batch
     new = idx
     for _ in range(max_new_tokens):
         logits = step(new, cache, attention_mask=mask, position_ids=positions)[:, -1]  # (B, V)
-        if options[0] == 0 and not penalised:
-            chosen = logits.argmax(dim=-1).tolist()
+        if sampling.temperature == 0 and not sampling.penalised:
+            chosen = sampling.choose(logits).tolist()                          # one argmax
         else:
-            chosen = [int(_choose(logits[b:b + 1], *options,
-                                  None if counts is None else counts[b:b + 1],
-                                  generators[b])[0]) for b in range(batch)]
+            chosen = [int(sampling.choose(logits[b:b + 1],
+                                          None if counts is None else counts[b:b + 1],
+                                          generators[b])[0]) for b in range(batch)]
         for b, token in enumerate(chosen):
             if not done[b]:
                 out[b].append(token)

@@ -360,7 +360,7 @@ class BPETokenizer:
             if size < next_try:
                 continue
             text = "".join(parts)
-            cut = _stream_cut(text, self)
+            cut = stream_cut(text, self)
             if cut:
                 yield from self.encode(text[:cut])
                 text = text[cut:]
@@ -710,7 +710,7 @@ _STREAM_CHUNK = 1 << 16   # characters gathered before encode_iterable looks for
 _SPACE_AFTER_NON_SPACE = regex.compile(r"(?r)\S\s")   # reverse: finds the last one
 
 
-def _stream_cut(text: str, tokenizer: BPETokenizer) -> int:
+def stream_cut(text: str, tokenizer: BPETokenizer) -> int:
     """The largest ``c`` such that ``text[:c]`` and ``text[c:] + more`` encode, for any
     ``more``, to the ids of ``text + more``; 0 if there is none.
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from minitransformer._checks import check_choice, check_int, check_number, check_type
-from minitransformer.bpe import GPT2_PATTERN, BPETokenizer, _stream_cut
+from minitransformer.bpe import GPT2_PATTERN, BPETokenizer, stream_cut
 from minitransformer.chat import CHAT_TOKENS
 
 FORMAT, VERSION = "minitransformer.token_files", 1
@@ -381,12 +381,12 @@ def _text_chunks(sources: list[tuple[Path, int]], tokenizer: BPETokenizer, split
                 if not block:
                     break
                 if part == "train" and first + pos >= split_at and pos < size:
-                    cut = _stream_cut(pending, tokenizer)
+                    cut = stream_cut(pending, tokenizer)
                     if cut:
                         yield part, pending[:cut]
                     pending, part, next_try = pending[cut:], "val", len(pending) - cut + _BLOCK
                 elif len(pending) >= next_try:
-                    cut = _stream_cut(pending, tokenizer)
+                    cut = stream_cut(pending, tokenizer)
                     if cut:
                         yield part, pending[:cut]
                     pending = pending[cut:]

@@ -107,7 +107,7 @@ def _loss_of(model: nn.Module, batch: object) -> Tensor:
     return output[1]
 
 
-def _optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW; weight decay on the matrices only, not on biases and layer-norm parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
@@ -169,7 +169,7 @@ def train(model: nn.Module, batches: Iterable[tuple], *, steps: int, lr: float,
     _checks.check_number("max_grad_norm", max_grad_norm, positive=True)
     val_batches = _validation_set(val_batches, eval_batches)
 
-    optimizer = _optimizer(model, lr, weight_decay)
+    optimizer = make_optimizer(model, lr, weight_decay)
     loop = TrainingLoop(model, optimizer, steps=steps, lr=lr, warmup_steps=warmup_steps,
                         max_grad_norm=max_grad_norm, val_batches=val_batches,
                         eval_every=eval_every)

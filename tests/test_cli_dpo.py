@@ -26,7 +26,7 @@ from minitransformer.bpe import GPT2_PATTERN  # noqa: E402
 from minitransformer.cli import dpo as dpo_command  # noqa: E402
 from minitransformer.llama import Llama  # noqa: E402
 from minitransformer.preferences import DPO, dpo_batches  # noqa: E402
-from minitransformer.training import TrainingLoop, _optimizer  # noqa: E402
+from minitransformer.training import TrainingLoop, make_optimizer  # noqa: E402
 # one_thread is an autouse fixture: imported, it runs this module on one thread
 from cli_helpers import equal, one_thread, run, tensors, train_base  # noqa: E402, F401
 
@@ -105,7 +105,7 @@ def test_full_dpo_is_the_training_loop_on_dpo_batches(gpt_base, data, tmp_path):
     model = DPO(policy, reference, beta=0.5)
     batches = dpo_batches(tokenizer, pairs, batch_size=4, context_length=64,
                           generator=torch.Generator().manual_seed(0))
-    TrainingLoop(model, _optimizer(model, 1e-2, 0.0), steps=6, lr=1e-2,
+    TrainingLoop(model, make_optimizer(model, 1e-2, 0.0), steps=6, lr=1e-2,
                  warmup_steps=1).run(batches)
     assert equal(GPT.from_pretrained(out).state_dict(), policy.state_dict())
     assert not equal(tensors(out / "model.safetensors"), tensors(gpt_base / "model.safetensors"))

@@ -25,7 +25,7 @@ from minitransformer.chat import CHAT_TOKENS  # noqa: E402
 from minitransformer.llama import Llama  # noqa: E402
 from minitransformer.lora import load_adapter  # noqa: E402
 from minitransformer.sft import sft_batch  # noqa: E402
-from minitransformer.training import TrainingLoop, _optimizer  # noqa: E402
+from minitransformer.training import TrainingLoop, make_optimizer  # noqa: E402
 # one_thread is an autouse fixture: imported, it runs this module on one thread
 from cli_helpers import equal, one_thread, run, tensors, train_base  # noqa: E402, F401
 
@@ -110,7 +110,7 @@ def test_full_fine_tuning_is_the_training_loop_on_sft_batches(gpt_base, data, tm
             picks = torch.randint(len(conversations), (4,), generator=generator).tolist()
             yield sft_batch(tokenizer, [conversations[i] for i in picks], context_length=48)
 
-    TrainingLoop(model, _optimizer(model, 1e-2, 0.1), steps=6, lr=1e-2,
+    TrainingLoop(model, make_optimizer(model, 1e-2, 0.1), steps=6, lr=1e-2,
                  warmup_steps=1).run(batches())
     assert equal(GPT.from_pretrained(out).state_dict(), model.state_dict())
     assert not equal(tensors(out / "model.safetensors"), tensors(gpt_base / "model.safetensors"))

@@ -94,13 +94,13 @@ def test_held_text_is_bounded_by_a_line(tokenizer, monkeypatch):
     if tokenizer.pattern is None:
         pytest.skip("without a pattern only special tokens allow a cut")
     held = []
-    original = bpe._stream_cut
+    original = bpe.stream_cut
 
     def spy(text, tok):
         held.append(len(text))
         return original(text, tok)
 
-    monkeypatch.setattr(bpe, "_stream_cut", spy)
+    monkeypatch.setattr(bpe, "stream_cut", spy)
     lines = ["一行中文没有空格" * 50 + "。\n", "a line of text\n"] * 2000
     assert list(tokenizer.encode_iterable(lines)) == tokenizer.encode("".join(lines))
     assert held and max(held) <= bpe._STREAM_CHUNK + 2 * max(map(len, lines))

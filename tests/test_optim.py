@@ -23,7 +23,7 @@ def _loss(model, seed):
 
 
 def _groups(model, weight_decay):
-    # as training._optimizer: decay the matrices only
+    # as training.make_optimizer: decay the matrices only
     params = list(model.parameters())
     return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]

@@ -152,10 +152,10 @@ def test_progress_bar_can_be_turned_on_and_off(capsys):
 def test_the_gradient_is_clipped_before_each_step(monkeypatch):
     module = importlib.import_module("minitransformer.training")
     norms = []
-    make_optimizer = module._optimizer
+    original = module.make_optimizer
 
     def recording_optimizer(model, lr, weight_decay):
-        optimizer = make_optimizer(model, lr, weight_decay)
+        optimizer = original(model, lr, weight_decay)
         step = optimizer.step
 
         def step_and_record(*args, **kwargs):
@@ -167,7 +167,7 @@ def test_the_gradient_is_clipped_before_each_step(monkeypatch):
         optimizer.step = step_and_record
         return optimizer
 
-    monkeypatch.setattr(module, "_optimizer", recording_optimizer)
+    monkeypatch.setattr(module, "make_optimizer", recording_optimizer)
     torch.manual_seed(0)
     model = GPT(tiny_config())
     idx = torch.randint(12, (4, 8))

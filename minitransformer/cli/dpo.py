@@ -52,7 +52,7 @@ from minitransformer.lora import (
     trainable_parameters,
 )
 from minitransformer.preferences import DPO, check_pair, dpo_batches, encode_pair
-from minitransformer.training import BAR_FORMAT, TrainingLoop, _optimizer
+from minitransformer.training import BAR_FORMAT, TrainingLoop, make_optimizer
 
 #: What a new run uses for a flag that is not given (beta: TRL's default).
 DEFAULTS = {"steps": 100, "batch_size": 8, "lr": 1e-4, "seed": 0, "beta": 0.1}
@@ -218,7 +218,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     tokens = _check_pairs(tokenizer, pairs, context, s["data"])
     dpo = DPO(policy, reference, beta=s["beta"])
     generator = torch.Generator().manual_seed(s["seed"])
-    optimizer = _optimizer(dpo, s["lr"], 0.0)       # no weight decay, as TRL
+    optimizer = make_optimizer(dpo, s["lr"], 0.0)       # no weight decay, as TRL
     loop = TrainingLoop(dpo, optimizer, steps=s["steps"], lr=s["lr"],
                         warmup_steps=s["warmup_steps"], eval_every=args.log_every)
     if resumed:

@@ -57,7 +57,7 @@ from minitransformer.lora import (
     trainable_parameters,
 )
 from minitransformer.sft import sft_batch
-from minitransformer.training import BAR_FORMAT, TrainingLoop, _optimizer
+from minitransformer.training import BAR_FORMAT, TrainingLoop, make_optimizer
 
 #: What a new run uses for a flag that is not given.
 DEFAULTS = {"steps": 100, "batch_size": 8, "lr": 1e-3, "seed": 0}
@@ -280,7 +280,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     context = model.config.context_length
     counts = _assistant_tokens(tokenizer, conversations, context, s["data"])
     generator = torch.Generator().manual_seed(s["seed"])
-    optimizer = _optimizer(model, s["lr"], 0.1)
+    optimizer = make_optimizer(model, s["lr"], 0.1)
     wrapped = distributed(_Weighted(model), procs)
     loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],
                         warmup_steps=s["warmup_steps"], eval_every=args.log_every,

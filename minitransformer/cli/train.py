@@ -58,7 +58,7 @@ from minitransformer.training import (
     BAR_FORMAT,
     SCHEDULES,
     TrainingLoop,
-    _optimizer,
+    make_optimizer,
     wsd_decay_start,
 )
 
@@ -539,7 +539,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                               num_layers=s.num_layers, num_heads=s.num_heads,
                               d_model=s.d_model, dropout=s.dropout)
         model = model_class(config, device=procs.device, dtype=dtype)
-    optimizer = _optimizer(model, s.lr, 0.1)
+    optimizer = make_optimizer(model, s.lr, 0.1)
     wrapped = distributed(model, procs)
     val = [(x.to(procs.device), y.to(procs.device)) for x, y in val]
     loop = TrainingLoop(wrapped, optimizer, steps=s.steps, lr=s.lr,

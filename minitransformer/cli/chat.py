@@ -2,15 +2,13 @@
 
 Each line of standard input is a user turn; ``/exit`` or the end of the input ends the chat. The
 whole conversation so far goes through the chat template with the generation prompt, and the
-reply is generated one token at a time and printed as it comes, up to the end-of-turn token.
-A token can end in the middle of a character: the bytes go through an incremental UTF-8
-decoder, which prints a character once all its bytes are there.
+reply is generated from one KV cache (:func:`~minitransformer.generation.stream_tokens`) and
+printed as it comes, whole characters only, up to the end-of-turn token.
 """
 
 from __future__ import annotations
 
 import argparse
-import codecs
 import sys
 
 import torch
@@ -24,9 +22,10 @@ from minitransformer.cli.common import (
     chat_tokens_of,
     device,
     load_model,
+    print_stream,
     using_threads,
 )
-from minitransformer.generation import generate
+from minitransformer.generation import stream_tokens
 
 EXIT = "/exit"
 #: the longest reply when --max-new-tokens is not given (shorter where the context ends)
@@ -85,20 +84,8 @@ def _converse(model: torch.nn.Module, tokenizer: BPETokenizer, args: argparse.Na
 def _stream(model: torch.nn.Module, tokenizer: BPETokenizer, ids: list[int], limit: int,
             temperature: float, generator: torch.Generator, stops: set[int], *,
             top_k: int | None = None) -> str:
-    """Generate up to ``limit`` tokens after ``ids``, printing each as it comes, until a chat
-    token (``<|end|>``); the reply's text."""
-    idx = torch.tensor([ids], device=generator.device)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    pieces = []
-    for _ in range(limit):
-        idx = generate(model, idx, 1, temperature=temperature, top_k=top_k,
-                       generator=generator)
-        token = idx[0, -1].item()
-        if token in stops:
-            break
-        pieces.append(decoder.decode(tokenizer.token_bytes(token)))
-        print(pieces[-1], end="", flush=True)
-    pieces.append(decoder.decode(b"", final=True))
-    print(pieces[-1], flush=True)
-    return "".join(pieces)
-
+    """Generate up to ``limit`` tokens after ``ids`` from one KV cache, printing each as it
+    comes, until a chat token (``<|end|>``); the reply's text."""
+    tokens = stream_tokens(model, ids, limit, temperature=temperature, top_k=top_k,
+                           stop_ids=stops, generator=generator)
+    return print_stream(tokens, tokenizer, stops=stops)

@@ -8,12 +8,14 @@ package); :func:`minitransformer.cli.main` prints it as one line on stderr and e
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import hashlib
 import json
 import math
 import os
 import shutil
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -293,6 +295,27 @@ def load_model(path: str, where: torch.device) -> tuple[torch.nn.Module, BPEToke
         raise CommandLineError(f"--model {path} is not a model directory: it has no "
                                f"config.json (train, finetune and dpo write one)")
     return model.eval(), BPETokenizer.from_pretrained(folder)
+
+
+def print_stream(tokens: Iterable[int], tokenizer: BPETokenizer, *,
+                 stops: Collection[int] = (), before: Sequence[int] = ()) -> str:
+    """Print the text of ``before``, then of each token of ``tokens`` as it comes, up to (not
+    including) a token of ``stops``, and a newline; the text printed, without the newline.
+
+    A token can end in the middle of a character: the bytes go through an incremental UTF-8
+    decoder, which prints a character once all its bytes are there (broken bytes print as
+    U+FFFD, as :meth:`BPETokenizer.decode` does)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [decoder.decode(tokenizer.decode_bytes(list(before)))]
+    print(pieces[-1], end="", flush=True)
+    for token in tokens:
+        if token in stops:
+            break
+        pieces.append(decoder.decode(tokenizer.token_bytes(token)))
+        print(pieces[-1], end="", flush=True)
+    pieces.append(decoder.decode(b"", final=True))
+    print(pieces[-1], flush=True)
+    return "".join(pieces)
 
 
 @contextlib.contextmanager

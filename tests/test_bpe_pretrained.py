@@ -309,7 +309,7 @@ def test_an_empty_path_is_refused_not_read_as_the_current_directory(tmp_path, mo
     (lambda d: edit_vocab(d, lambda v: v.update({"!": 1})), "vocab.json", "each once"),
     (lambda d: edit_vocab(d, lambda v: v.update({EOT: 9999})), "vocab.json", "each once"),
     (lambda d: edit_vocab(d, lambda v: v.update({"<new>": v.pop("\u0100")})), "vocab.json",
-     "no token for 1 of the 256 bytes .*byte 0"),
+     "'<new>' .*neither a byte nor made by the merges"),   # a missing byte alone is fine
     (lambda d: edit_merges(d, lambda m: m.insert(3, "Ġ t h")), "merges.txt",
      "line 4 is not two tokens"),
     (lambda d: edit_merges(d, lambda m: m.insert(3, "Ġt")), "merges.txt",

@@ -14,8 +14,9 @@ import sys
 import torch
 
 from minitransformer.bpe import BPETokenizer
-from minitransformer.chat import CHAT_TOKENS, apply_chat_template
+from minitransformer.chat import apply_chat_template, stop_token_ids
 from minitransformer.cli.common import (
+    DEFAULT_MODEL,
     CommandLineError,
     add_model_flags,
     add_sampling_flags,
@@ -29,7 +30,7 @@ from minitransformer.generation import stream_tokens
 
 EXIT = "/exit"
 #: the longest reply when --max-new-tokens is not given (shorter where the context ends)
-MAX_NEW_TOKENS = 100
+MAX_NEW_TOKENS = 512
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is kept.")
     parser.add_argument("--system", metavar="TEXT", help="a system message that begins the "
                         "conversation")
-    add_model_flags(parser, "a model directory with the chat tokens (finetune's --out, its "
-                    "merged/, or a LoRA adapter it wrote)", required=True)
+    add_model_flags(parser, "a model with a chat format: a model directory with the chat "
+                    "tokens (finetune's --out, its merged/, or a LoRA adapter it wrote), or a "
+                    f".gguf file with a chat template {DEFAULT_MODEL}")
     add_sampling_flags(parser, length=f"the longest reply (default {MAX_NEW_TOKENS}, or as "
                        f"many as the model's context leaves)")
 
@@ -49,14 +51,23 @@ def run(args: argparse.Namespace) -> int:
     where = device(args.device)
     with using_threads(args.threads):
         model, tokenizer = load_model(args.model, where)
-        chat_tokens_of(tokenizer, args.model)
-        return _converse(model, tokenizer, args, where)
+        return _converse(model, tokenizer, _stops(tokenizer, args.model), args, where)
 
 
-def _converse(model: torch.nn.Module, tokenizer: BPETokenizer, args: argparse.Namespace,
-              where: torch.device) -> int:
+def _stops(tokenizer: BPETokenizer, model: str | None) -> set[int]:
+    """The tokens that end a reply: the end-of-turn token (``<|end|>``, SmolLM2's
+    ``<|im_end|>``) and every other special token; refused where there is no chat format."""
+    try:
+        return set(stop_token_ids(tokenizer))
+    except ValueError as exc:
+        if tokenizer.chat_template is None:
+            chat_tokens_of(tokenizer, str(model))       # the refusal naming what is missing
+        raise CommandLineError(f"--model {model}: {exc}") from None
+
+
+def _converse(model: torch.nn.Module, tokenizer: BPETokenizer, stops: set[int],
+              args: argparse.Namespace, where: torch.device) -> int:
     """Read a turn, stream the reply, keep both; until /exit or the end of the input."""
-    stops = {tokenizer.special_tokens[t] for t in CHAT_TOKENS}   # <|end|>, or any marker
     messages = [{"role": "system", "content": args.system}] if args.system else []
     generator = torch.Generator(where).manual_seed(args.seed)
     context = model.config.context_length
@@ -85,7 +96,7 @@ def _stream(model: torch.nn.Module, tokenizer: BPETokenizer, ids: list[int], lim
             temperature: float, generator: torch.Generator, stops: set[int], *,
             top_k: int | None = None) -> str:
     """Generate up to ``limit`` tokens after ``ids`` from one KV cache, printing each as it
-    comes, until a chat token (``<|end|>``); the reply's text."""
+    comes, until a token of ``stops``; the reply's text."""
     tokens = stream_tokens(model, ids, limit, temperature=temperature, top_k=top_k,
                            stop_ids=stops, generator=generator)
     return print_stream(tokens, tokenizer, stops=stops)

@@ -271,16 +271,38 @@ def model_class(folder: Path) -> type:
     return architecture("llama" if model_type == "llama" else "gpt")[0]
 
 
-def load_model(path: str, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
-    """The model and tokenizer of ``--model``: a model directory (``save_pretrained``'s), or a
+#: --model's words where it may be left out: generate and chat then use SmolLM2
+DEFAULT_MODEL = ("(default: SmolLM2-135M-Instruct, the GGUF file that `python -m "
+                 "minitransformer download smollm2` puts in the cache)")
+
+
+def load_model(path: str | None, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
+    """The model and tokenizer of ``--model``: a model directory (``save_pretrained``'s), a
     LoRA adapter directory that ``finetune`` wrote (its base model, read from
-    ``base_model_name_or_path``, with the adapter)."""
+    ``base_model_name_or_path``, with the adapter), or a llama.cpp ``.gguf`` file (a Llama,
+    dequantised to float32, and the tokenizer in its metadata). ``None``: SmolLM2-135M-Instruct
+    from the cache (:func:`minitransformer.pretrained.smollm2_path`), never the network."""
     from minitransformer.bpe import BPETokenizer
     from minitransformer.lora import ADAPTER_CONFIG_FILE, load_adapter
 
+    if path is None:
+        from minitransformer import pretrained
+        try:
+            path = str(pretrained.smollm2_path())
+        except FileNotFoundError as exc:
+            raise CommandLineError(f"no --model given, and the default model is not here: "
+                                   f"{exc}") from None
     folder = Path(path)
+    if folder.is_file() and folder.suffix == ".gguf":
+        from minitransformer.llama import Llama
+        try:
+            tokenizer = BPETokenizer.from_gguf(folder)
+            model = Llama.from_gguf(folder, device=where)
+        except ValueError as exc:
+            raise CommandLineError(f"--model {path}: {exc}") from None
+        return model.eval(), tokenizer
     if not folder.is_dir():
-        raise CommandLineError(f"--model {path}: no such directory")
+        raise CommandLineError(f"--model {path}: no such directory or .gguf file")
     adapter = folder / ADAPTER_CONFIG_FILE
     if adapter.is_file() and not (folder / "config.json").is_file():
         base = checkpoints.read_json(adapter).get("base_model_name_or_path")

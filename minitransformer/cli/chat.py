@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "conversation")
     add_model_flags(parser, "a model with a chat format: a model directory with the chat "
                     "tokens (finetune's --out, its merged/, or a LoRA adapter it wrote), or a "
-                    f".gguf file with a chat template {DEFAULT_MODEL}")
+                    f".gguf file with a chat template {DEFAULT_MODEL}", metavar="DIR|FILE.gguf")
     add_sampling_flags(parser, length=f"the longest reply (default {MAX_NEW_TOKENS}, or as "
                        f"many as the model's context leaves)")
 

@@ -1,5 +1,6 @@
-"""What every command shares: refusals, devices, processes, the model classes, and what the
-training commands (``train``, ``finetune``) share: the run directory, threads, checkpoints.
+"""What every command shares: refusals, the groups of flags that several commands declare (one
+name, one meaning, one wording), devices, processes, loading a model, printing a stream of
+tokens; and what the training commands share: the run directory, threads, checkpoints.
 
 Bad input raises :class:`CommandLineError` (or ``ValueError``/``TypeError``/``OSError`` from the
 package); :func:`minitransformer.cli.main` prints it as one line on stderr and exits with 2.
@@ -75,12 +76,12 @@ TEMPERATURE = 0.8
 
 
 def add_model_flags(parser: argparse.ArgumentParser, model: str | None, *,
-                    required: bool = False, threads: str = THREADS) -> None:
+                    metavar: str = "DIR", threads: str = THREADS) -> None:
     """``--model`` (where ``model`` says what it is; none for ``train``), ``--device``,
     ``--threads``."""
     group = parser.add_argument_group("model and device")
     if model is not None:
-        group.add_argument("--model", metavar="DIR", required=required, help=model)
+        group.add_argument("--model", metavar=metavar, help=model)
     group.add_argument("--device", help=f"cpu, cuda, cuda:1, ... ({DEFAULT_DEVICE})")
     group.add_argument("--threads", type=positive, help=threads)
 

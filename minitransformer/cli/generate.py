@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Print the prompt and its continuation."
     parser.add_argument("--prompt", required=True, help="the text to continue")
     add_model_flags(parser, "a model directory (train's, finetune's or dpo's) or a .gguf file "
-                    + DEFAULT_MODEL)
+                    + DEFAULT_MODEL, metavar="DIR|FILE.gguf")
     add_sampling_flags(parser, length=f"the most new tokens (default {MAX_NEW_TOKENS}, or as "
                        f"many as the model's context leaves after the prompt)")
 

@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pip install 'minitransformer[serve]'. SIGTERM or Ctrl+C finishes the answers in "
         "flight and exits.")
     add = parser.add_argument
-    add("--model", metavar="DIR", required=True, help="a directory written by train or "
-        "finetune (the chat endpoint needs the chat tokens)")
+    add("--model", metavar="DIR|FILE.gguf", required=True, help="a directory written by train "
+        "or finetune (the chat endpoint needs the chat tokens), or a .gguf file")
     add("--name", help="the model's id in the API (default: the directory's name)")
     add("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
         "this machine only)")
@@ -57,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     folder = Path(args.model)
-    if not folder.is_dir():
-        raise CommandLineError(f"--model {args.model}: no such directory")
+    if not folder.is_dir() and not (folder.is_file() and folder.suffix == ".gguf"):
+        raise CommandLineError(f"--model {args.model}: no such directory or .gguf file")
     try:
         import uvicorn
 
@@ -118,8 +118,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def load(folder: Path, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
-    """The model and tokenizer of a model directory, or of a LoRA adapter directory that
-    ``finetune`` wrote (as ``chat`` and ``generate`` load them)."""
+    """The model and tokenizer of a model directory, a LoRA adapter directory that ``finetune``
+    wrote, or a .gguf file (as ``chat`` and ``generate`` load them)."""
     return load_model(str(folder), where)
 
 

@@ -64,7 +64,7 @@ def test_a_gguf_file_is_loaded_as_chat_and_generate_load_it(capsys, tmp_path):
     one refused by name), a missing one refused in the same words as chat's."""
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"GGUF" + bytes(20))
-    assert f"--model {fake}: {fake} is not a GGUF file" in refused(capsys, "--model", fake,
+    assert f"--model {fake}: {fake} is GGUF version 0" in refused(capsys, "--model", fake,
                                                                    "--port", 0)
     assert "no such directory or .gguf file" in refused(capsys, "--model", tmp_path / "x.gguf")
 

@@ -40,11 +40,13 @@ book: $(STAMP) $(SMOLLM2)
 # notebook, and every test of a module, in one worker (nbval needs the kernel's state in order).
 PYTEST_PARALLEL := -n 2 --dist loadscope
 test: book
+	$(BIN)/ruff check minitransformer tests benchmarks
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # Tests that read the built book (_build/html) are left to `make test`.
 BOOK_TESTS := tests/test_book_pages.py tests/test_api_page.py
 unit: $(STAMP) $(SMOLLM2)
+	$(BIN)/ruff check minitransformer tests benchmarks
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL) tests/ \
 		$(addprefix --ignore=,$(BOOK_TESTS)) -q
 

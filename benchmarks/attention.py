@@ -12,11 +12,11 @@ For B=4 sequences, 8 heads of width d_k=64 and T = 128, 512, 1024 positions, flo
 all under torch.inference_mode() and with an explicit number of threads.
 
 Timing method: both functions run in the same process on the same inputs, interleaved (ours then
-theirs, then theirs then ours, ...), after WARM_UP untimed calls each. The table shows the median time
-of each and the median of the per-repeat ratios ours / theirs, which is robust to other programs
-slowing the machine down for a while. Targets on a 2-core CPU: ratio <= 1.5 for blocked_attention
-without a mask at T=512 (printed on the last line), and <= 1.1 for multi-head attention. Timings
-on a busy machine mean little: the load average is printed first.
+theirs, then theirs then ours, ...), after WARM_UP untimed calls each. The table shows the median
+time of each and the median of the per-repeat ratios ours / theirs, which is robust to other
+programs slowing the machine down for a while. Targets on a 2-core CPU: ratio <= 1.5 for
+blocked_attention without a mask at T=512 (printed on the last line), and <= 1.1 for multi-head
+attention. Timings on a busy machine mean little: the load average is printed first.
 """
 
 from __future__ import annotations

@@ -32,6 +32,24 @@ issue 22, for ``make_decode_step``: >= 1.0x at GPT-2 small's shape (12 layers, 1
 d_model 768, 50,257 tokens, 124M parameters), >= 2x at the book's size (the chapter-11 model:
 4 layers, 4 heads, d_model 128, 256 tokens); issue 34, for the fast step at GPT-2 small's shape:
 >= 1.3x and >= 50% of the bandwidth limit.
+
+Measured on the course's CPU (2 threads, load about 1), the figures behind the fast step's
+design and the constants of ``minitransformer/fast_decode.py``:
+
+* ``F.linear`` of one row (a BLAS ``gemv``, which ran on one thread) read GPT-2 small's float32
+  weights at well under half the memory bandwidth. The fast step ran twice as fast as the
+  ordinary one, at 75% of the best bandwidth measured against the ordinary step's 37% (1.93x
+  transformers); on a busy machine, two threads that wait for each other can be slower.
+* ``FAST_PIECES = 8``: 4 to 16 blocks ran alike.
+* ``FAST_MIN_NUMEL = 2 ** 18`` (1 MiB of float32): a smaller matrix is read in less time than
+  the blocks' few extra calls take (about 8 microseconds), so ``F.linear`` is faster (the
+  book's model, chapter 11).
+* ``FAST_FEW_ROWS = 2``: the blocks on the left (``blocks @ x^T``) read GPT-2 small's matrices
+  1.3-1.7x as fast at one row (the head: 5.2 against 7.5 ms) and up to 3x at two; from four
+  rows on, ``x @ blocks^T`` was as fast or faster.
+* ``FAST_LARGE_NUMEL = 2 ** 24``, ``FAST_LARGE_PIECES = 32``, ``FAST_LARGE_FEW_ROWS = 4``: at 8
+  and 16 rows the head (38.6 million numbers) took 9.7-12.8 and 15-16 ms in 32 blocks against
+  15 and 20 ms in 8, and at 4 rows 6.3-7.0 ms on the left against 9.2.
 """
 
 from __future__ import annotations

@@ -356,8 +356,10 @@ def main() -> None:
             print(f"  tokens/s / the fastest sequential ({args.rounds} rounds, medians): "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
             if "transformers" in summary:
+                speeds = {name: summary[name]["tokens_per_s"]
+                          for name in ("continuous", "transformers")}
                 print(f"  continuous / transformers: "
-                      f"{summary['continuous']['tokens_per_s'] / summary['transformers']['tokens_per_s']:.2f}x")
+                      f"{speeds['continuous'] / speeds['transformers']:.2f}x")
             used = max(memory["used"], 1)
             print(f"  KV positions summed over {memory['steps']} steps: used {memory['used']}, "
                   f"blocks {memory['blocks']} ({memory['blocks'] / used:.2f}x), contiguous "

@@ -1,7 +1,29 @@
 """minitransformer: the companion package of the course *Transformers from scratch*.
 
-Each module holds one idea of the book and names the chapter that explains it. Everything a
-chapter uses is re-exported here, so a chapter writes ``from minitransformer import one_hot``.
+Each module holds one idea of the book and names the chapter that explains it. The names in
+``__all__`` below are re-exported here: the pieces the chapters build and then use again (the
+layers, attention, masks, the models and their configs, generation, training's ``train`` and
+``evaluate``, the cache, the tokenizer, preference tuning, serving), so a chapter writes
+``from minitransformer import one_hot``. The figures (``heatmap`` and its kin) are loaded on first
+use.
+
+The rest a chapter imports from the module that defines it, and says so in its import:
+
+* a chapter's data sets and batches: :mod:`minitransformer.data` (``random_batches``,
+  ``window_batches``, ``command_splits``, ``EOS``, ...);
+* the pieces of a loop the chapter writes out itself: :mod:`minitransformer.optim`
+  (``AdamW``, ``clip_grad_norm``), :mod:`minitransformer.functional` (``cross_entropy``),
+  :mod:`minitransformer.training` (``learning_rate``, ``TrainingLoop``, ``SCHEDULES``),
+  :mod:`minitransformer.bpe` (BPE's training steps, ``bytes_to_unicode``);
+* one chapter's helpers: :mod:`minitransformer.gpt` (``count_parameters``, ``GPT2_NAMES``),
+  :mod:`minitransformer.pretrained`, :mod:`minitransformer.classifier`,
+  :mod:`minitransformer.seq2seq`, :mod:`minitransformer.token_files`,
+  :mod:`minitransformer.checkpoints`, :mod:`minitransformer.cli`, and chapters 16-18's
+  :mod:`minitransformer.chat`, :mod:`minitransformer.sft`, :mod:`minitransformer.lora`,
+  :mod:`minitransformer.grpo`;
+* each chapter's exercise checks: ``minitransformer.exercises.chapterNN``.
+
+``tests/test_package_exports.py`` holds the notebooks to this.
 """
 
 from minitransformer.attention import (

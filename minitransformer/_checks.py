@@ -291,7 +291,8 @@ def _cuda_hint() -> str:
 
 def check_scores(x: Tensor, dim: int = -1) -> Tensor:
     """The checks of :func:`~minitransformer.functional.softmax`, which
-    :func:`~minitransformer.generation.sample_next` runs too; returns the largest score of each slice along ``dim`` (``keepdim=True``).
+    :func:`~minitransformer.generation.sample_next` runs too; returns the largest score of each
+    slice along ``dim`` (``keepdim=True``).
 
     NaN and ``+inf`` make the largest score NaN or ``+inf``, and a slice of only ``-inf`` makes
     it ``-inf``: one look at the largest scores finds all three. The scores themselves are

@@ -376,7 +376,8 @@ class MultiHeadAttention(nn.Module):
                 ``add_bias_kv``, ``add_zero_attn``).
         """
         if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(f"from_torch expects an nn.MultiheadAttention, got {type(module).__name__}")
+            raise TypeError(f"from_torch expects an nn.MultiheadAttention, got "
+                            f"{type(module).__name__}")
         if not module._qkv_same_embed_dim:
             raise ValueError(f"from_torch needs kdim == vdim == embed_dim, got kdim={module.kdim}, "
                              f"vdim={module.vdim}, embed_dim={module.embed_dim}")
@@ -398,11 +399,13 @@ class MultiHeadAttention(nn.Module):
         return ours.train(module.training)
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """The same layer as an ``nn.MultiheadAttention(batch_first=True)`` (masks: see from_torch)."""
+        """The same layer as an ``nn.MultiheadAttention(batch_first=True)`` (masks: see
+        from_torch)."""
         weight = self.q_proj.weight
         bias = self.q_proj.bias is not None
-        module = nn.MultiheadAttention(self.d_model, self.num_heads, dropout=self.dropout, bias=bias,
-                                       batch_first=True, device=weight.device, dtype=weight.dtype)
+        module = nn.MultiheadAttention(self.d_model, self.num_heads, dropout=self.dropout,
+                                       bias=bias, batch_first=True, device=weight.device,
+                                       dtype=weight.dtype)
         projections = (self.q_proj, self.k_proj, self.v_proj)
         with torch.no_grad():
             module.in_proj_weight.copy_(torch.cat([p.weight for p in projections]))

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from minitransformer import _checks
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
-from minitransformer.generation import SamplingParams, _sampling_of
+from minitransformer.generation import SamplingParams, resolve_sampling
 
 
 def _check_prompts(prompts: object) -> list[list[int]]:
@@ -97,17 +97,16 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_t
         TypeError, ValueError: a model that is not a GPT or Llama, bad prompts or options,
             a prompt plus ``max_new_tokens`` past the context.
     """
-    from minitransformer.gpt import GPT
-    from minitransformer.llama import Llama
+    from minitransformer.models import architecture_of
 
-    if not isinstance(model, (GPT, Llama)):
-        raise TypeError(f"model must be a GPT or a Llama, got {type(model).__name__}")
+    architecture_of(model)                   # a GPT or a Llama
     c = model.config
     prompts = _check_prompts(prompts)
     _checks.check_int("max_new_tokens", max_new_tokens, low=0)
-    sampling, _ = _sampling_of(sampling, None, None, c.vocab_size, temperature=temperature,
-                               top_k=top_k, top_p=top_p, presence_penalty=presence_penalty,
-                               frequency_penalty=frequency_penalty)
+    sampling, _ = resolve_sampling(sampling, None, None, c.vocab_size,
+                                   temperature=temperature, top_k=top_k, top_p=top_p,
+                                   presence_penalty=presence_penalty,
+                                   frequency_penalty=frequency_penalty)
     if eos_id is not None and _checks.check_int("eos_id", eos_id, low=0) >= c.vocab_size:
         raise ValueError(f"eos_id={eos_id} is not a token of the vocabulary [0, {c.vocab_size})")
     for i, prompt in enumerate(prompts):

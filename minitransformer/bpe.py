@@ -23,7 +23,13 @@ with ``bytes_to_unicode`` and number them in their own order. ``BPETokenizer.fro
 reads them into the chapter's ids (0..255 the bytes, 256 + k merge k) plus a table ``file_ids``
 from those ids to the file's; ``save_pretrained`` writes them back.
 
-This module imports nothing else of the package but the shared argument checks.
+A real model's tokenizer comes the same way from a GGUF file's metadata
+(``BPETokenizer.from_gguf``; llama.cpp's key names), with the split its pre-tokenizer name
+gives (``PRE_TOKENIZERS``: SmolLM2's ``"smollm"`` is ``SMOLLM_PATTERN``), its bos, eos and pad
+tokens and its Jinja chat template (``minitransformer.chat`` renders it).
+
+This module imports nothing else of the package but the shared argument checks, the chat
+format (``chat``) and, in ``from_gguf`` only, the GGUF reader.
 """
 
 from __future__ import annotations
@@ -479,8 +485,9 @@ class BPETokenizer:
         the whole text, special tokens included, for an open text file or any iterable of str.
 
         Text is encoded as soon as no later text can change its pieces: up to the last special
-        token, and, with ``GPT2_PATTERN``, up to the last place where a space follows a
-        non-space (no piece of that pattern holds a non-space followed by a space). So the
+        token, and, with ``GPT2_PATTERN`` or ``SMOLLM_PATTERN``, up to the last place where
+        a space follows a non-space (no piece of those patterns holds a non-space followed by
+        a space). So the
         memory held is about the longest stretch without such a place, a line for ordinary
         text. With another pattern, or none, it is the longest stretch between special tokens.
 
@@ -597,11 +604,15 @@ class BPETokenizer:
         ``merges.txt`` (an optional ``#version`` line, then one merge per line, ``first
         second``, earliest first).
 
-        The pattern is ``GPT2_PATTERN``. Every token must be a byte, made by a merge, or a
-        declared special token: an added token of ``tokenizer.json``, or one that
-        ``tokenizer_config.json`` names (``added_tokens_decoder``, ``bos_token``, ...;
-        ``<|endoftext|>``, GPT-2's default, when it names none). The ids are the file's, in any
-        order. Splitting text into pieces uses the ``regex`` module's Unicode tables;
+        The pattern is ``GPT2_PATTERN``, or ``SMOLLM_PATTERN`` when ``tokenizer.json``'s
+        pre-tokenizer is SmolLM's (``Digits`` then ``ByteLevel``). The roles (``bos_token``,
+        ``eos_token``, ``pad_token``, ``unk_token``) that name special tokens and the
+        ``chat_template`` come from ``tokenizer_config.json`` (or ``chat_template.jinja``).
+        A byte without a token is allowed (``missing_bytes``). Every token must be a byte,
+        made by a merge, or a declared special token: an added token of ``tokenizer.json``, or
+        one that ``tokenizer_config.json`` names (``added_tokens_decoder``, ``bos_token``,
+        ...; ``<|endoftext|>``, GPT-2's default, when it names none). The ids are the file's,
+        in any order. Splitting text into pieces uses the ``regex`` module's Unicode tables;
         transformers' (Oniguruma) may know fewer characters, so text with characters added to
         Unicode since can split differently.
 
@@ -1008,9 +1019,9 @@ def stream_cut(text: str, tokenizer: BPETokenizer) -> int:
 
     A special token found at a position ``s`` is final once ``text`` holds ``s`` plus the
     longest special token's length (no longer one can start at or before ``s``). Cuts go at the
-    final ones' ends and starts and, with ``GPT2_PATTERN``, before a space that follows a
-    non-space outside them (each alternative of the pattern stops there, having looked at
-    most one character ahead).
+    final ones' ends and starts and, with ``GPT2_PATTERN`` or ``SMOLLM_PATTERN``, before a
+    space that follows a non-space outside them (each alternative of the patterns stops
+    there, having looked at most one character ahead).
     """
     longest = max(map(len, tokenizer.special_tokens), default=0)
     limit = len(text) - max(1, longest - 1)    # positions below limit are final

@@ -24,10 +24,10 @@ from torch import Tensor, nn
 
 from minitransformer import _checks
 from minitransformer.layers import EncoderLayer, LayerNorm
+from minitransformer.lm import INIT_STD, init_weights
 from minitransformer.masks import padding_mask
 
 POOLINGS = ("cls", "mean")
-INIT_STD = 0.02  # GPT-2's, as in chapters 9 and 10
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class EncoderClassifier(nn.Module):
             for _ in range(c.num_layers))
         self.norm = LayerNorm(c.d_model, **factory)
         self.head = nn.Linear(c.d_model, num_classes, **factory)
-        self.apply(_init_weights)
+        self.apply(init_weights)
         if self.cls_token is not None:  # drawn last: the other weights are the same either way
             nn.init.normal_(self.cls_token, mean=0.0, std=INIT_STD)
 
@@ -197,11 +197,3 @@ class EncoderClassifier(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, pooling={self.pooling!r}"
-
-
-def _init_weights(module: nn.Module) -> None:
-    """N(0, 0.02) weights, zero biases, as chapters 9 and 10 start."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-        if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)

@@ -240,7 +240,7 @@ def generate(
     frequency_penalty: float = 0.0,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
-    fast: bool = False,
+    fast: bool = True,
     sampling: SamplingParams | None = None,
 ) -> Tensor:
     """Continue each row of ``idx`` by up to ``max_new_tokens`` tokens, one at a time
@@ -280,9 +280,12 @@ def generate(
         eos_id: the token that ends a row; ``None`` runs every row ``max_new_tokens`` steps.
         fast: with the cache, step through ``model.make_fast_decode_step()`` where the model
             has that method (:meth:`GPT.make_fast_decode_step
-            <minitransformer.gpt.GPT.make_fast_decode_step>`): faster, with logits equal to
-            the ordinary step's up to float rounding instead of bit for bit. Other models, and
-            ``use_cache=False``, run as without it.
+            <minitransformer.gpt.GPT.make_fast_decode_step>`, :meth:`Llama.make_fast_decode_step
+            <minitransformer.llama.Llama.make_fast_decode_step>`): faster, with logits equal to
+            the ordinary step's up to float rounding instead of bit for bit (the greedy tokens
+            are the same unless two scores tie to within that rounding). ``fast=False`` steps
+            through ``model.make_decode_step()``, bit for bit ``forward`` (chapter 11). Other
+            models, and ``use_cache=False``, run as without it.
         sampling: the five sampling options in one :class:`SamplingParams` instead of as
             keywords (not both); its ``seed``, if any, seeds the generator (not beside
             ``generator``).
@@ -303,7 +306,7 @@ def generate(
     _check_prompt(model, config, idx, max_new_tokens)
     _checks.check_type("use_cache", use_cache, bool, "True or False")
     _checks.check_type("fast", fast, bool, "True or False")
-    sampling, generator = _sampling_of(
+    sampling, generator = resolve_sampling(
         sampling, generator, idx.device, config.vocab_size, temperature=temperature,
         top_k=top_k, top_p=top_p, presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty)
@@ -330,7 +333,7 @@ def stream_tokens(
     frequency_penalty: float = 0.0,
     stop_ids: Iterable[int] | None = None,
     generator: torch.Generator | None = None,
-    fast: bool = False,
+    fast: bool = True,
     sampling: SamplingParams | None = None,
 ) -> Iterator[int]:
     """Continue one prompt token by token, handing out each new token as soon as it is chosen:
@@ -378,7 +381,7 @@ def stream_tokens(
     idx = torch.tensor([ids], dtype=torch.long, device=device)              # (1, T)
     _check_prompt(model, config, idx, max_new_tokens, name="prompt", device=device)
     _checks.check_type("fast", fast, bool, "True or False")
-    sampling, generator = _sampling_of(
+    sampling, generator = resolve_sampling(
         sampling, generator, idx.device, config.vocab_size, temperature=temperature,
         top_k=top_k, top_p=top_p, presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty)
@@ -399,12 +402,19 @@ _LOOSE_DEFAULTS = {"temperature": 1.0, "top_k": None, "top_p": None, "presence_p
                    "frequency_penalty": 0.0}
 
 
-def _sampling_of(sampling: object, generator: torch.Generator | None, device: torch.device,
+def resolve_sampling(sampling: object, generator: torch.Generator | None, device: torch.device,
                  vocab_size: int, **loose: object
                  ) -> tuple[SamplingParams, torch.Generator | None]:
     """The :class:`SamplingParams` and generator of a call that takes ``sampling=`` or the five
     loose keyword options (not both), checked for ``vocab_size`` words; ``sampling.seed``
-    makes a generator on ``device`` (not beside ``generator=``)."""
+    makes a generator on ``device`` (not beside ``generator=``). What :func:`generate`,
+    :func:`stream_tokens` and :func:`~minitransformer.batching.generate_batch` do with their
+    options.
+
+    Raises:
+        TypeError, ValueError: a bad option, ``sampling`` beside a loose option, or
+            ``sampling.seed`` beside ``generator``.
+    """
     if sampling is None:
         return SamplingParams(**loose).check_vocab(vocab_size), generator
     _checks.check_type("sampling", sampling, SamplingParams, "a SamplingParams")

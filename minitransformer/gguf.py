@@ -1,4 +1,5 @@
-"""GGUF, the one-file model format of llama.cpp, read and written from its specification.
+"""GGUF, the one-file model format of llama.cpp, read and written from its specification
+(chapter 19: a real model, SmolLM2-135M-Instruct, in our own code).
 
 A GGUF file is, in order (all numbers little-endian):
 
@@ -16,6 +17,8 @@ A GGUF file is, in order (all numbers little-endian):
 A tensor is stored in blocks: each GGML type packs ``block_size`` numbers into ``type_size``
 bytes. :class:`GGUFFile` reads the header and maps the data, so a tensor's bytes are read
 only when :meth:`GGUFFile.tensor` dequantises it; :func:`write_gguf` writes a file.
+:func:`load_llama` (``Llama.from_gguf``) builds a :class:`~minitransformer.llama.Llama` from
+one, through the name table :data:`LLAMA_GGUF_NAMES`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -72,6 +76,7 @@ _GGML_TYPE_IDS = {t.name: i for i, t in GGML_TYPES.items()}
 DEQUANTIZED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")   # what dequantize() reads
 WRITTEN = ("F32", "F16", "BF16", "Q8_0")                        # what write_gguf() stores
 _MAX_DIMS = 4                                                   # GGML's tensors have 1 to 4
+_MAX_NESTING = 16                                               # arrays of arrays of ...
 
 
 class GGUFTensor(NamedTuple):
@@ -112,8 +117,10 @@ class _Cursor:
         except UnicodeDecodeError:
             raise ValueError(f"{self.source}: {what} is not UTF-8 text") from None
 
-    def value(self, type_id: int, what: str):
+    def value(self, type_id: int, what: str, depth: int = 0):
         """A metadata value of type ``type_id``; returns ``(value, type name)``."""
+        if depth > _MAX_NESTING:
+            raise ValueError(f"{self.source}: {what} nests arrays more than {_MAX_NESTING} deep")
         if type_id not in VALUE_TYPES:
             raise ValueError(f"{self.source}: {what} has the unknown value type {type_id}")
         name, fmt = VALUE_TYPES[type_id]
@@ -140,7 +147,7 @@ class _Cursor:
                              f"file's bytes: truncated or not a GGUF file")
         items, kind = [], f"array[{item_name}]"
         for _ in range(count):
-            item, kind_of_item = self.value(item_type, what)
+            item, kind_of_item = self.value(item_type, what, depth + 1)
             items.append(item)
             kind = f"array[{kind_of_item}]"
         return items, kind
@@ -696,5 +703,19 @@ def load_llama(cls, path: str | os.PathLike, *, device=None, dtype=None):
     file = GGUFFile(path)
     config = llama_config(file)
     state, theirs = llama_state(file, config)
-    return pretrained.build(cls, config, state, source=str(file.path), device=device,
-                            dtype=dtype, theirs=theirs)
+    with _SkipInit():       # every parameter is overwritten by the file's, checked by build
+        return pretrained.build(cls, config, state, source=str(file.path), device=device,
+                                dtype=dtype, theirs=theirs)
+
+
+class _SkipInit(TorchFunctionMode):
+    """Skip ``nn.init``'s random draws (seconds for 135M numbers) while a model is built only
+    to receive a whole state dict."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, Tensor):
+                return tensor
+        return func(*args, **kwargs)

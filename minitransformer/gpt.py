@@ -25,15 +25,25 @@ from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
 from minitransformer.attention import MultiHeadAttention
+from minitransformer.fast_decode import RowProducts, pieces_pay
 from minitransformer.layers import EncoderLayer, FeedForward, LayerNorm, _dropout
+from minitransformer.lm import (
+    INIT_STD,
+    attention_mask_for,
+    check_batch_inputs,
+    check_model_cache,
+    check_targets,
+    global_forward_hooks,
+    init_weights,
+    next_token_loss,
+    positions_from_mask,
+)
 from minitransformer.masks import causal_mask
 from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.pretrained import Rename
 
 POSITIONAL = ("learned", "sinusoidal")
 GELUS = ("gelu", "gelu_tanh")  # exact, and the tanh approximation GPT-2 uses (chapter 13)
-IGNORE_INDEX = -100  # a target that the loss leaves out, as in F.cross_entropy and transformers
-INIT_STD = 0.02  # GPT-2's: every weight starts normal with this standard deviation
 # the classes of the modules inside a GPT as it builds them (GPT.make_decode_step knows these)
 _BUILT_TYPES = (nn.Embedding, nn.Dropout, nn.ModuleList, EncoderLayer, MultiHeadAttention,
                 FeedForward, LayerNorm, nn.Linear, nn.GELU)
@@ -113,14 +123,6 @@ class GPTConfig:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
 
 
-def _global_forward_hooks() -> bool:
-    """Whether hooks registered for every module (``nn.modules.module.register_module_forward_
-    hook`` and its pre-hook twin) are present: PyTorch keeps them in private dictionaries."""
-    module = nn.modules.module
-    return bool(getattr(module, "_global_forward_hooks", None)
-                or getattr(module, "_global_forward_pre_hooks", None))
-
-
 class _BlockWeights(NamedTuple):
     """One pre-norm block's parameters, looked up once for :meth:`GPT.make_decode_step`:
     ``(weight, bias)`` of each linear layer, ``(weight, bias, eps)`` of each layer norm."""
@@ -185,7 +187,7 @@ class GPT(nn.Module):
         self.norm = LayerNorm(c.d_model, eps=c.norm_eps, **factory)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False, **factory)
         self.head.weight = self.token_embedding.weight  # weight tying: one (N, d_model) matrix
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *,
                 kv_cache: KVCache | None = None, attention_mask: Tensor | None = None,
@@ -225,7 +227,7 @@ class GPT(nn.Module):
         """
         past = self._check_input(idx, kv_cache)
         if targets is not None:
-            _check_targets(targets, idx, self.config.vocab_size)
+            check_targets(targets, idx, self.config.vocab_size)
         position_ids = check_batch_inputs(self.config, idx, past, attention_mask, position_ids)
         length = idx.shape[1]
         if position_ids is None:
@@ -233,11 +235,11 @@ class GPT(nn.Module):
         else:
             x = _dropout(self.dropout, self._embed_at(idx, position_ids))
         # the new queries are the last T of past + T keys (lower right); one query sees all
-        mask = _attention_mask(attention_mask, length, past, idx.device)
+        mask = attention_mask_for(attention_mask, length, past, idx.device)
         for i, layer in enumerate(self.layers):
             x = layer.encode(x, attn_mask=mask, kv_cache=kv_cache, layer_idx=i)
         logits = self.head(self.norm.normalize(x))                    # (B, T, N)
-        return logits, None if targets is None else _next_token_loss(logits, targets)
+        return logits, None if targets is None else next_token_loss(logits, targets)
 
     def decode_step(self, idx: Tensor, kv_cache: KVCache) -> Tensor:
         """``forward(idx, kv_cache=kv_cache)[0]`` in eval mode, the same numbers bit for bit,
@@ -312,10 +314,10 @@ class GPT(nn.Module):
                  position_ids: Tensor | None = None) -> Tensor:
             past, length = kv_cache.seq_len, idx.shape[1]
             if attention_mask is not None and position_ids is None:
-                position_ids = _positions_from_mask(attention_mask, length)
+                position_ids = positions_from_mask(attention_mask, length)
             x = (self._embed(idx, past) if position_ids is None
                  else self._embed_at(idx, position_ids))              # (B, T, d_model)
-            mask = _attention_mask(attention_mask, length, past, idx.device)
+            mask = attention_mask_for(attention_mask, length, past, idx.device)
             for i, b in enumerate(blocks):                           # pre-norm, GELU blocks
                 h = F.layer_norm(x, width, *b.norm1)
                 q = split_heads(F.linear(h, *b.q_proj))
@@ -337,27 +339,16 @@ class GPT(nn.Module):
         """:meth:`make_decode_step`'s step, faster where a batch writes one token per row; its
         logits equal :meth:`forward`'s up to float rounding, no longer bit for bit (so the
         greedy tokens are the same unless two scores tie to within that rounding).
-        ``benchmarks/decode_vs_transformers.py`` times it against ``transformers``.
+        :func:`~minitransformer.generation.generate` steps through it by default.
 
-        At one token per row, each linear layer is a matrix-vector product: it reads every
-        weight once for one multiply-add, so its speed is the memory's. On the course's CPU
-        (2 threads), ``F.linear`` of one row (a BLAS ``gemv``, which ran on one thread) read
-        GPT-2 small's float32 weights at well under half the memory bandwidth. This step cuts
-        each weight matrix of at least ``FAST_MIN_NUMEL`` numbers into
-        ``FAST_PIECES`` blocks of rows, views of the weight itself (no copy), and
-        multiplies the vector by all of them in one batched call (``torch.baddbmm``), which
-        the threads share; for one or two rows the blocks stand on the left of the product
-        (``blocks @ x^T``), which read faster still, and a matrix as large as GPT-2's head is
-        cut into more blocks when it multiplies more rows (``FAST_LARGE_NUMEL``), as a
-        serving engine's batch does. The whole step ran twice as fast as the ordinary one, at
-        75% of the best bandwidth measured against the ordinary step's 37%
-        (``benchmarks/decode_vs_transformers.py``, load about 1; on a busy machine, two
-        threads that wait for each other can be slower). Rows that do not fill a whole block
-        (the head's 50,257 words are not a multiple of 8) go through ``F.linear``, as do
-        smaller matrices, read faster than the blocks' few extra calls take. The blocks change
-        the order of the additions, hence the rounding. Other dtypes (bfloat16) and devices keep
-        ``F.linear``, whose kernels there were as fast; the step still saves Python's time
-        per layer.
+        At one token per row, each linear layer is a matrix-vector product, whose speed is the
+        memory's, and ``F.linear`` of one row on the CPU reads the weights well below it. This
+        step multiplies each large weight matrix through :mod:`minitransformer.fast_decode`'s
+        blocks of rows instead (views of the weight itself, no copy), which the threads share;
+        smaller matrices, and other dtypes (bfloat16) and devices, keep ``F.linear``, and the
+        step still saves Python's time per layer. The blocks change the order of the
+        additions, hence the rounding. ``benchmarks/decode_vs_transformers.py`` times it
+        against the ordinary step and ``transformers`` (its docstring has the figures).
 
         The step follows the model exactly as :meth:`make_decode_step`'s does (the same
         weight tensors, so a weight changed in place, by an optimizer or ``load_state_dict``,
@@ -370,14 +361,9 @@ class GPT(nn.Module):
         every weight matrix in the layout that oneDNN, PyTorch's CPU kernel library, packs a
         matrix into for its products, made once, here, instead of at every call. Products of
         ``PACKED_MIN_ROWS`` (3) rows or more then read that copy: the prefill too, and a
-        batch's decode step; one or two rows keep the blocks, which read faster.
-        ``benchmarks/packed_weights.py`` times the products of GPT-2 small's matrices each way
-        (on the course's CPU, 2 threads: the packed copy took 0.6-0.9 of the blocks' time at 3
-        to 16 rows, and the head 0.44 of ``F.linear``'s at 64 prompt positions), and
-        ``benchmarks/serving.py`` the engine that runs this step (16 requests of GPT-2 small's
-        shape at 3.6-3.7 times the tokens per second of this step running them one after
-        another). The prefill is no longer ``forward`` bit for bit, only within float32
-        rounding.
+        batch's decode step; one or two rows keep the blocks, which read faster
+        (``benchmarks/packed_weights.py`` times each way). The prefill is then no longer
+        ``forward`` bit for bit, only within float32 rounding.
 
         The copy costs the weights' memory once more, and it is a copy: a weight changed in
         place through its tensor (``copy_``, ``mul_``, ``load_state_dict``, most optimizers),
@@ -399,56 +385,42 @@ class GPT(nn.Module):
         final_norm, head = _BlockWeights.norm(self.norm), (self.head.weight, None)
         width, heads = (self.config.d_model,), self.config.num_heads
         approximate = "tanh" if self.config.activation == "gelu_tanh" else "none"
-        packs: dict[int, _PackedWeight] = {}
-        if pack_weights:
-            for b in blocks:
-                for weight, _ in (b.q_proj, b.k_proj, b.v_proj, b.out_proj, b.linear1,
-                                  b.linear2):
-                    packs[id(weight)] = _PackedWeight(weight)
-            packs[id(head[0])] = _PackedWeight(head[0])
-            for pack in packs.values():
-                pack.current()                           # packed now, not at the first call
+        products = RowProducts([w for b in blocks for w, _ in (
+            b.q_proj, b.k_proj, b.v_proj, b.out_proj, b.linear1, b.linear2)] + [head[0]],
+            pack_weights=pack_weights)
 
         def step(idx: Tensor, kv_cache: KVCache, *, attention_mask: Tensor | None = None,
                  position_ids: Tensor | None = None) -> Tensor:
             rows, length = idx.shape
-            packed = (bool(packs) and not torch.is_grad_enabled()
-                      and packs[id(head[0])].can_pack())            # one dtype and device
+            packed = products.packed_now()
             if length != 1 and not packed:               # the prefill: matrix products
                 return ordinary(idx, kv_cache, attention_mask=attention_mask,
                                 position_ids=position_ids)
             past = kv_cache.seq_len
             if attention_mask is not None and position_ids is None:
-                position_ids = _positions_from_mask(attention_mask, length)
+                position_ids = positions_from_mask(attention_mask, length)
             x = (self._embed(idx, past) if position_ids is None
                  else self._embed_at(idx, position_ids)).view(rows * length, -1)  # (B T, d)
-            mask = _attention_mask(attention_mask, length, past, idx.device)
-            blockwise = _pieces_pay(x)
-
-            def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-                if packed and x.shape[0] >= PACKED_MIN_ROWS:
-                    out = packs[id(weight)](x, bias)
-                    if out is not None:
-                        return out
-                return _row_product(x, weight, bias) if blockwise else F.linear(x, weight, bias)
+            mask = attention_mask_for(attention_mask, length, past, idx.device)
+            way = {"packed": packed, "blockwise": pieces_pay(x)}
 
             def split_heads(t: Tensor) -> Tensor:            # (B T, d) -> (B, h, T, d_k)
                 return t.view(rows, length, heads, -1).transpose(1, 2)
 
             for i, b in enumerate(blocks):                # the blocks of make_decode_step
                 h = F.layer_norm(x, width, *b.norm1)
-                q = split_heads(product(h, *b.q_proj))
-                k = split_heads(product(h, *b.k_proj))
-                v = split_heads(product(h, *b.v_proj))
+                q = split_heads(products(h, *b.q_proj, **way))
+                k = split_heads(products(h, *b.k_proj, **way))
+                v = split_heads(products(h, *b.v_proj, **way))
                 k, v = kv_cache.update(i, k, v)                          # (B, h, past + T, d_k)
                 attended = F.scaled_dot_product_attention(q, k, v, mask)  # (B, h, T, d_k)
                 attended = attended.transpose(1, 2).reshape(rows * length, -1)
-                x = x + product(attended, *b.out_proj)
+                x = x + products(attended, *b.out_proj, **way)
                 h = F.layer_norm(x, width, *b.norm2)
-                hidden = F.gelu(product(h, *b.linear1), approximate=approximate)
-                x = x + product(hidden, *b.linear2)
+                hidden = F.gelu(products(h, *b.linear1, **way), approximate=approximate)
+                x = x + products(hidden, *b.linear2, **way)
             x = F.layer_norm(x, width, *final_norm)
-            return product(x, *head).view(rows, length, -1)             # (B, T, N)
+            return products(x, *head, **way).view(rows, length, -1)      # (B, T, N)
 
         return step
 
@@ -460,7 +432,7 @@ class GPT(nn.Module):
         cls = type(self)
         if (cls.forward is not GPT.forward or cls.embed is not GPT.embed
                 or cls._embed is not GPT._embed or cls._embed_at is not GPT._embed_at
-                or _global_forward_hooks()):
+                or global_forward_hooks()):
             return False
         for module in self.modules():
             if module is not self and type(module) not in _BUILT_TYPES:
@@ -475,7 +447,7 @@ class GPT(nn.Module):
     def _check_cache(self, kv_cache: KVCache, idx_shape: torch.Size) -> int:
         """The positions ``kv_cache`` holds, after checking that it is this model's cache for a
         batch of ``idx_shape`` ``(B, T)``, with room for ``T`` more positions."""
-        return _check_model_cache(self.config, kv_cache, idx_shape)
+        return check_model_cache(self.config, kv_cache, idx_shape)
 
     def embed(self, idx: Tensor, *, offset: int = 0) -> Tensor:
         """Token vectors plus position vectors (then dropout), ``(B, T)`` ids -> ``(B, T,
@@ -623,202 +595,6 @@ class GPT(nn.Module):
                                 theirs=theirs)
 
 
-FAST_PIECES = 8  # the blocks of rows of GPT.make_fast_decode_step's products (4 to 16 ran alike)
-# below this many numbers (1 MiB of float32) a matrix is read in less time than the blocks'
-# few extra calls take (about 8 microseconds): F.linear is faster (the book's model, chapter 11)
-FAST_MIN_NUMEL = 2 ** 18
-# up to this many rows, the blocks multiply the rows from the left (blocks @ x^T), which read
-# GPT-2 small's matrices 1.3-1.7x as fast at one row (the head: 5.2 against 7.5 ms) and up to
-# 3x at two; from four rows on, x @ blocks^T was as fast or faster
-FAST_FEW_ROWS = 2
-# a matrix of at least this many numbers (GPT-2's head: 38.6 million) is cut into
-# FAST_LARGE_PIECES blocks for more than FAST_LARGE_FEW_ROWS rows, and up to that many rows
-# takes the blocks on the left: at 8 and 16 rows the head took 9.7-12.8 and 15-16 ms in 32
-# blocks against 15 and 20 ms in 8, and at 4 rows 6.3-7.0 ms on the left against 9.2
-FAST_LARGE_NUMEL = 2 ** 24
-FAST_LARGE_PIECES = 32
-FAST_LARGE_FEW_ROWS = 4
-# with pack_weights, products of at least this many rows read the packed copy: at three rows
-# GPT-2 small's first feed-forward matrix took 0.46 ms packed against the blocks' 0.74, at two
-# 0.55 against 0.38 (benchmarks/packed_weights.py)
-PACKED_MIN_ROWS = 3
-# the batch size oneDNN is told when it packs (its layout's hint): packed for 4, 16 or 64
-# rows, the products of 4 to 128 rows ran alike
-PACKED_ROWS_HINT = 16
-
-
-class _PackedWeight:
-    """A weight matrix ``(out, in)`` and its copy packed by oneDNN for
-    :meth:`GPT.make_fast_decode_step` (``pack_weights=True``), packed again when the weight is
-    changed in place (its ``_version``) or moved. Called with rows ``x`` ``(N, in)`` and a bias, it
-    returns ``F.linear(x, weight, bias)`` up to rounding, or ``None`` where it cannot pack (not
-    float32 on the CPU, no oneDNN, an inference-mode tensor, whose changes it cannot see)."""
-
-    __slots__ = ("weight", "_packed", "_key")
-
-    def __init__(self, weight: Tensor):
-        self.weight, self._packed, self._key = weight, None, None
-
-    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor | None:
-        packed = self.current()
-        if packed is None or x.dtype != torch.float32:
-            return None
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-    def can_pack(self) -> bool:
-        """Whether the weight is float32 on the CPU, not an inference-mode tensor, and PyTorch
-        has oneDNN, enabled."""
-        w = self.weight
-        return (w.device.type == "cpu" and w.dtype == torch.float32 and not w.is_inference()
-                and torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-
-    def current(self) -> Tensor | None:
-        """The packed copy of the weight as it is now (packed again if it changed), or
-        ``None`` where it cannot pack."""
-        if not self.can_pack():
-            return None
-        w = self.weight
-        key = (w.data_ptr(), w._version, tuple(w.shape), w.stride())
-        if key != self._key:
-            self._packed = None                  # the old copy goes before the new one comes
-            with torch.inference_mode(False), torch.no_grad():
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(),
-                                                                       PACKED_ROWS_HINT)
-            self._key = key
-        return self._packed
-
-
-def _pieces_pay(x: Tensor) -> bool:
-    """Whether :func:`_row_product` beats ``F.linear`` for rows like ``x``: float32 and float64
-    on the CPU, where ``F.linear`` of one row is a BLAS ``gemv`` far from the memory's speed."""
-    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-
-
-def _row_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)`` for a few rows ``x`` ``(B, in)``, as ``FAST_PIECES``
-    products of blocks of ``weight``'s rows (views, no copy), batched in one call (with the
-    blocks on the left for up to :data:`FAST_FEW_ROWS` rows, on the right for more; a weight
-    of :data:`FAST_LARGE_NUMEL` numbers or more takes the left up to
-    :data:`FAST_LARGE_FEW_ROWS` rows and :data:`FAST_LARGE_PIECES` blocks past that); the rows
-    beyond a whole number of blocks go through ``F.linear``, and so does a weight of fewer
-    than :data:`FAST_MIN_NUMEL` numbers. ``(B, out)``, the same numbers up to the order of
-    the additions."""
-    out, width = weight.shape
-    rows, large = x.shape[0], out * width >= FAST_LARGE_NUMEL
-    pieces = FAST_LARGE_PIECES if large and rows > FAST_LARGE_FEW_ROWS else FAST_PIECES
-    size = out // pieces                                 # rows of weight per block
-    if size == 0 or out * width < FAST_MIN_NUMEL:
-        return F.linear(x, weight, bias)
-    whole = size * pieces
-    if rows <= (FAST_LARGE_FEW_ROWS if large else FAST_FEW_ROWS):
-        blocks = weight[:whole].view(pieces, size, width)          # blocks @ x^T
-        xs = x.t().expand(pieces, width, rows)                      # (P, in, B)
-        y = (torch.bmm(blocks, xs) if bias is None
-             else torch.baddbmm(bias[:whole].view(pieces, size, 1), blocks, xs))
-        y = y.view(1, whole) if rows == 1 else y.permute(2, 0, 1).reshape(rows, whole)
-    else:                                                           # x @ blocks^T
-        blocks = weight[:whole].view(pieces, size, width).transpose(1, 2)  # (P, in, size)
-        xs = x.expand(pieces, rows, width)                                  # (P, B, in)
-        y = (torch.bmm(xs, blocks) if bias is None
-             else torch.baddbmm(bias[:whole].view(pieces, 1, size), xs, blocks))
-        y = y.transpose(0, 1).reshape(rows, whole)                         # (B, whole)
-    if whole == out:
-        return y
-    rest = F.linear(x, weight[whole:], None if bias is None else bias[whole:])
-    return torch.cat([y, rest], dim=1)                                     # (B, out)
-
-
-def _check_targets(targets: Tensor, idx: Tensor, vocab_size: int) -> None:
-    """A language model's ``targets``: ids shaped like ``idx``, ``-100`` for "no target"."""
-    _checks.check_token_ids("targets", targets, vocab_size, ignore_index=IGNORE_INDEX)
-    if targets.shape != idx.shape:
-        raise ValueError(f"targets must have the shape of idx {_checks.shape(idx)}, "
-                         f"got {_checks.shape(targets)}")
-
-
-def _next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """The mean cross-entropy of ``logits`` ``(B, T, N)`` against ``targets`` ``(B, T)``, over
-    the positions whose target is not ``-100``."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(),
-                           ignore_index=IGNORE_INDEX)
-
-
-def _check_model_cache(config: object, kv_cache: KVCache, idx_shape: torch.Size) -> int:
-    """The positions ``kv_cache`` holds, after checking that it is the cache of a model with
-    ``config.num_layers`` layers for a batch of ``idx_shape`` ``(B, T)``, with room for ``T``
-    more positions within ``config.context_length`` (GPT's and Llama's check)."""
-    _checks.check_type("kv_cache", kv_cache, KVCache, "a KVCache")
-    c = config
-    if kv_cache.num_layers != c.num_layers:
-        raise ValueError(f"kv_cache has {kv_cache.num_layers} layers, the model "
-                         f"{c.num_layers} layers: make it with KVCache({c.num_layers})")
-    batch, length = idx_shape
-    held = kv_cache.keys[0]
-    if held is not None and held.shape[0] != batch:
-        raise ValueError(f"kv_cache holds a batch of {held.shape[0]} rows and idx has "
-                         f"{batch}: reset() the cache for a new batch")
-    past = kv_cache.seq_len
-    if past + length > c.context_length:
-        raise ValueError(f"the cache holds {past} positions and idx has {length} new ones: "
-                         f"{past + length} positions, more than context_length="
-                         f"{c.context_length}")
-    return past
-
-
-def check_batch_inputs(config: object, idx: Tensor, past: int, attention_mask: object,
-                       position_ids: object) -> Tensor | None:
-    """The ``attention_mask`` and ``position_ids`` of a padded batch (chapter 18), checked for
-    ``idx`` ``(B, T)`` after ``past`` cached positions (GPT's and Llama's check). Returns the
-    positions to use, or ``None`` for the usual ``past, ..., past + T - 1``."""
-    batch, length = idx.shape
-    if attention_mask is not None:
-        if not isinstance(attention_mask, Tensor) or attention_mask.dtype != torch.bool:
-            raise TypeError(f"attention_mask must be a boolean tensor (True = a real token), "
-                            f"got {_checks._type_name(attention_mask)}")
-        if tuple(attention_mask.shape) != (batch, past + length):
-            raise ValueError(f"attention_mask must have shape (B, cached + T) = "
-                             f"{(batch, past + length)}, got {_checks.shape(attention_mask)}")
-        if attention_mask.device != idx.device:
-            raise ValueError(f"attention_mask is on {attention_mask.device} and idx on "
-                             f"{idx.device}")
-    if position_ids is None:
-        return None if attention_mask is None else _positions_from_mask(attention_mask, length)
-    _checks.check_int_tensor("position_ids", position_ids, ndim=2)
-    if tuple(position_ids.shape) != (batch, length):
-        raise ValueError(f"position_ids must have the shape of idx {(batch, length)}, got "
-                         f"{_checks.shape(position_ids)}")
-    if position_ids.device != idx.device:
-        raise ValueError(f"position_ids is on {position_ids.device} and idx on {idx.device}")
-    if position_ids.numel() and position_ids.device.type != "meta":
-        low, high = int(position_ids.min()), int(position_ids.max())
-        if low < 0 or high >= config.context_length:
-            raise ValueError(f"position_ids holds {low if low < 0 else high}, outside "
-                             f"[0, context_length={config.context_length})")
-    return position_ids.long()
-
-
-def _positions_from_mask(attention_mask: Tensor, length: int) -> Tensor:
-    """Each new token's position counted from its row's first real token: the number of real
-    tokens before it (0 on left padding, whose output nobody reads). ``(B, T)`` long."""
-    before = attention_mask.long().cumsum(dim=1) - 1                  # (B, P + T)
-    return before[:, attention_mask.shape[1] - length:].clamp(min=0)
-
-
-def _attention_mask(attention_mask: Tensor | None, length: int, past: int,
-                    device: torch.device) -> Tensor | None:
-    """The mask the blocks take: causal (the ``length`` new queries are the last of
-    ``past + length`` keys), and, with a padding ``attention_mask`` ``(B, past + length)``,
-    no key that is padding: ``(B, 1, T, past + T)``. A query on padding sees itself only, so
-    that its softmax has a key (its output is never read); a real query never sees padding."""
-    if attention_mask is None:
-        return causal_mask(length, past + length, device=device) if length > 1 else None
-    causal = causal_mask(length, past + length, device=device)       # (T, P + T)
-    own = torch.arange(past + length, device=device) == (
-        torch.arange(past, past + length, device=device)[:, None])  # (T, P + T): the diagonal
-    return (causal & attention_mask[:, None, None, :]) | own          # (B, 1, T, P + T)
-
-
 def _is_sinusoidal_table(wpe: Tensor, config: GPTConfig) -> bool:
     """Whether ``wpe`` is the scaled sinusoidal table :meth:`GPT.save_pretrained` writes for
     sinusoidal positions (to well within bfloat16's rounding)."""
@@ -828,7 +604,8 @@ def _is_sinusoidal_table(wpe: Tensor, config: GPTConfig) -> bool:
 
 
 def _gpt2_config(c: GPTConfig, dtype: str) -> dict:
-    """GPT-2's ``config.json`` for ``c``; what GPT-2 has no field for under ``"minitransformer"``."""
+    """GPT-2's ``config.json`` for ``c``; what GPT-2 has no field for under
+    ``"minitransformer"``."""
     return {
         "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "dtype": dtype,
         "vocab_size": c.vocab_size, "n_positions": c.context_length, "n_embd": c.d_model,
@@ -879,15 +656,6 @@ def _config_from_gpt2(raw: dict, source: str) -> GPTConfig:
                          norm_eps=raw.get("layer_norm_epsilon", 1e-5))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{source}: {exc}") from None
-
-
-def _init_weights(module: nn.Module) -> None:
-    """N(0, 0.02) weights, zero biases: as GPT-1 (Radford et al., 2018) and GPT-2 start."""
-    # on the meta device there are no numbers to draw (from_pretrained checks shapes there)
-    if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
-        nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-        if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -30,11 +30,19 @@ from torch.nn.utils import parametrize
 from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache, check_kv_cache
-from minitransformer.gpt import (_attention_mask, _check_model_cache, _check_targets,
-                                 _global_forward_hooks, _init_weights, _next_token_loss,
-                                 _positions_from_mask, check_batch_inputs)
+from minitransformer.fast_decode import RowProducts, pieces_pay
 from minitransformer.layers import (RMSNorm, SwiGLU, _check_layer_mask, _check_sequence,
                                     _dropout)
+from minitransformer.lm import (
+    attention_mask_for,
+    check_batch_inputs,
+    check_model_cache,
+    check_targets,
+    global_forward_hooks,
+    init_weights,
+    next_token_loss,
+    positions_from_mask,
+)
 from minitransformer.pretrained import Rename
 from minitransformer.rotary import _angles, _check_head_dim, _rotate
 
@@ -393,7 +401,7 @@ class Llama(nn.Module):
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False, **factory)
         if c.tie_embeddings:
             self.head.weight = self.token_embedding.weight
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *,
                 kv_cache: KVCache | None = None, attention_mask: Tensor | None = None,
@@ -420,17 +428,17 @@ class Llama(nn.Module):
         """
         past = self._check_input(idx, kv_cache)
         if targets is not None:
-            _check_targets(targets, idx, self.config.vocab_size)
+            check_targets(targets, idx, self.config.vocab_size)
         position_ids = check_batch_inputs(self.config, idx, past, attention_mask, position_ids)
         length = idx.shape[1]
         x = _dropout(self.dropout, self.token_embedding(idx))        # (B, T, d_model)
         rotary = (self._rotary(past, length, x) if position_ids is None   # (T, d_h) twice
                   else self._rotary_at(position_ids, x))                  # (B, 1, T, d_h)
-        mask = _attention_mask(attention_mask, length, past, idx.device)
+        mask = attention_mask_for(attention_mask, length, past, idx.device)
         for i, layer in enumerate(self.layers):
             x = layer.encode(x, rotary=rotary, attn_mask=mask, kv_cache=kv_cache, layer_idx=i)
         logits = self.head(self.norm.normalize(x))                    # (B, T, N)
-        return logits, None if targets is None else _next_token_loss(logits, targets)
+        return logits, None if targets is None else next_token_loss(logits, targets)
 
     def _rotary(self, past: int, length: int, x: Tensor) -> tuple[Tensor, Tensor]:
         """The rotation tables of positions ``past`` to ``past + length - 1``."""
@@ -457,7 +465,7 @@ class Llama(nn.Module):
                                 device=self.token_embedding.weight.device)
         if kv_cache is None and not cache_required:
             return 0
-        return _check_model_cache(c, kv_cache, idx.shape)
+        return check_model_cache(c, kv_cache, idx.shape)
 
     def decode_step(self, idx: Tensor, kv_cache: KVCache) -> Tensor:
         """``forward(idx, kv_cache=kv_cache)[0]`` in eval mode, bit for bit, through
@@ -507,11 +515,11 @@ class Llama(nn.Module):
                 raise ValueError(f"positions {past} to {past + length - 1} do not fit "
                                  f"context_length={c.context_length}")
             if attention_mask is not None and position_ids is None:
-                position_ids = _positions_from_mask(attention_mask, length)
+                position_ids = positions_from_mask(attention_mask, length)
             x = F.embedding(idx, embedding)                           # (B, T, d_model)
             cos, sin = (self._rotary(past, length, x) if position_ids is None
                         else self._rotary_at(position_ids, x))
-            mask = _attention_mask(attention_mask, length, past, idx.device)
+            mask = attention_mask_for(attention_mask, length, past, idx.device)
             for i, b in enumerate(blocks):
                 h = F.rms_norm(x, width, b.norm1, eps)
                 q = _rotate(split_heads(F.linear(h, b.q_proj)), cos, sin)
@@ -527,13 +535,77 @@ class Llama(nn.Module):
 
         return step
 
+    def make_fast_decode_step(self, *, pack_weights: bool = False
+                              ) -> Callable[[Tensor, KVCache], Tensor]:
+        """:meth:`make_decode_step`'s step, faster where a batch writes one token per row, as
+        :meth:`GPT.make_fast_decode_step <minitransformer.gpt.GPT.make_fast_decode_step>` is
+        for a GPT (read its notes): the same kernels (:mod:`minitransformer.fast_decode`), the
+        same contract. Its logits equal :meth:`forward`'s up to float rounding, no longer bit
+        for bit; a prefill (several new tokens per row) is :meth:`make_decode_step`'s step,
+        bit for bit, unless ``pack_weights``; a model the shortcut cannot follow gets
+        ``forward`` itself. :func:`~minitransformer.generation.generate` and the serving
+        :class:`~minitransformer.serving.Engine` step through it by default.
+        """
+        _checks.check_type("pack_weights", pack_weights, bool, "True or False")
+        ordinary = self.make_decode_step()
+        if not self._is_as_built():
+            return ordinary                              # forward itself, in eval mode
+        c = self.config
+        blocks = [_BlockWeights.of(layer) for layer in self.layers]
+        embedding, final_norm, head = (self.token_embedding.weight, self.norm.weight,
+                                       self.head.weight)
+        width, eps = (c.d_model,), c.norm_eps
+        products = RowProducts([w for b in blocks for w in (
+            b.q_proj, b.k_proj, b.v_proj, b.out_proj, b.gate_proj, b.up_proj, b.down_proj)]
+            + [head], pack_weights=pack_weights)
+
+        def step(idx: Tensor, kv_cache: KVCache, *, attention_mask: Tensor | None = None,
+                 position_ids: Tensor | None = None) -> Tensor:
+            rows, length = idx.shape
+            packed = products.packed_now()
+            if length != 1 and not packed:               # the prefill: matrix products
+                return ordinary(idx, kv_cache, attention_mask=attention_mask,
+                                position_ids=position_ids)
+            past = kv_cache.seq_len
+            if past + length > c.context_length:
+                raise ValueError(f"positions {past} to {past + length - 1} do not fit "
+                                 f"context_length={c.context_length}")
+            if attention_mask is not None and position_ids is None:
+                position_ids = positions_from_mask(attention_mask, length)
+            x = F.embedding(idx, embedding)                           # (B, T, d_model)
+            cos, sin = (self._rotary(past, length, x) if position_ids is None
+                        else self._rotary_at(position_ids, x))
+            x = x.view(rows * length, -1)                             # (B T, d_model)
+            mask = attention_mask_for(attention_mask, length, past, idx.device)
+            way = {"packed": packed, "blockwise": pieces_pay(x)}
+
+            def split_heads(t: Tensor) -> Tensor:       # (B T, h d_h) -> (B, h, T, d_h)
+                return t.view(rows, length, -1, c.head_dim).transpose(1, 2)
+
+            for i, b in enumerate(blocks):                # the blocks of make_decode_step
+                h = F.rms_norm(x, width, b.norm1, eps)
+                q = _rotate(split_heads(products(h, b.q_proj, **way)), cos, sin)
+                k = _rotate(split_heads(products(h, b.k_proj, **way)), cos, sin)
+                v = split_heads(products(h, b.v_proj, **way))
+                k, v = kv_cache.update(i, k, v)                       # (B, h_kv, P + T, d_h)
+                attended = F.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
+                attended = attended.transpose(1, 2).reshape(rows * length, -1)
+                x = x + products(attended, b.out_proj, **way)
+                h = F.rms_norm(x, width, b.norm2, eps)
+                gated = F.silu(products(h, b.gate_proj, **way)) * products(h, b.up_proj, **way)
+                x = x + products(gated, b.down_proj, **way)
+            x = F.rms_norm(x, width, final_norm, eps)
+            return products(x, head, **way).view(rows, length, -1)      # (B, T, N)
+
+        return step
+
     def _is_as_built(self) -> bool:
         """Whether :meth:`make_decode_step`'s written-out pass computes this model's
         :meth:`forward`: Llama's own methods, sub-modules of the types Llama builds, the
         config's eps and head width, no hooks and no parametrized weights."""
         cls = type(self)
         if (cls.forward is not Llama.forward or cls._rotary is not Llama._rotary
-                or cls._rotary_at is not Llama._rotary_at or _global_forward_hooks()):
+                or cls._rotary_at is not Llama._rotary_at or global_forward_hooks()):
             return False
         for module in self.modules():
             if module is not self and type(module) not in _BUILT_TYPES:
@@ -549,10 +621,6 @@ class Llama(nn.Module):
                 and all(m.bias is None for m in self.modules() if isinstance(m, nn.Linear)))
 
     # --- checkpoints: transformers' LlamaForCausalLM layout (chapter 14) -----------------------
-
-    def _names(self) -> tuple[Rename, ...]:
-        """:data:`LLAMA_NAMES`, without the head's row when it is tied."""
-        return _names(self.config)
 
     def save_pretrained(self, path: str | os.PathLike, *, bos_token_id: int | None = None,
                         eos_token_id: int | None = None) -> None:
@@ -570,7 +638,7 @@ class Llama(nn.Module):
             if value is not None and _checks.check_int(name, value, low=0) >= c.vocab_size:
                 raise ValueError(f"{name}={value} is not a token of the vocabulary "
                                  f"[0, {c.vocab_size})")
-        tensors = pretrained.to_theirs(self.state_dict(), self._names(), c.num_layers)
+        tensors = pretrained.to_theirs(self.state_dict(), llama_names(c), c.num_layers)
         dtype = str(self.token_embedding.weight.dtype).removeprefix("torch.")
         config = {**_llama_config(c, dtype), "bos_token_id": bos_token_id,
                   "eos_token_id": eos_token_id}
@@ -606,7 +674,7 @@ class Llama(nn.Module):
         raw, tensors = pretrained.read_checkpoint(folder)
         config = _config_from_llama(raw, str(folder / pretrained.CONFIG_FILE))
         source = str(folder / pretrained.WEIGHTS_FILE)
-        names = _names(config)
+        names = llama_names(config)
         theirs = pretrained.their_names(names, config.num_layers)
         known = set(theirs.values()) | ({"lm_head.weight"} if config.tie_embeddings else set())
         pretrained.check_names(tensors, known, source=source, skipped=_LLAMA_SKIPPED,
@@ -623,9 +691,9 @@ class Llama(nn.Module):
     def from_gguf(cls, path: str | os.PathLike, *, device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None) -> Llama:
         """A llama.cpp GGUF file of architecture ``llama`` as a :class:`Llama`, in eval mode,
-        read by :mod:`minitransformer.gguf`: the config from its ``llama.*`` metadata, the
-        tensors dequantised to float32 (``dtype=None``) through
-        :data:`~minitransformer.gguf.LLAMA_GGUF_NAMES`.
+        read by ``minitransformer.gguf``: the config from its ``llama.*`` metadata, the
+        tensors dequantised to float32 (``dtype=None``) and renamed by the table
+        ``LLAMA_GGUF_NAMES``, the query and key rows put back in rotate-half order.
 
         Raises:
             FileNotFoundError: no such file.
@@ -637,7 +705,7 @@ class Llama(nn.Module):
         return gguf.load_llama(cls, path, device=device, dtype=dtype)
 
 
-def _names(config: LlamaConfig) -> tuple[Rename, ...]:
+def llama_names(config: LlamaConfig) -> tuple[Rename, ...]:
     """:data:`LLAMA_NAMES`, without the head's row when the config ties it."""
     tied = config.tie_embeddings
     return tuple(row for row in LLAMA_NAMES if not (tied and row.ours == "head.weight"))
@@ -672,19 +740,19 @@ def _config_from_llama(raw: dict, source: str) -> LlamaConfig:
         if raw.get(flag) not in (None, False):
             raise refuse(f"{flag} is {raw.get(flag)!r}")
     theta = raw.get("rope_theta", 10000.0)
-    for field in ("rope_scaling", "rope_parameters"):
-        rope = raw.get(field)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = raw.get(key)
         if rope is None:
             continue
         if not isinstance(rope, dict):
-            raise ValueError(f"{source}: {field} must be an object, got {rope!r}")
+            raise ValueError(f"{source}: {key} must be an object, got {rope!r}")
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind != "default":
-            raise refuse(f"{field} asks for the RoPE scaling {kind!r} (only 'default' "
+            raise refuse(f"{key} asks for the RoPE scaling {kind!r} (only 'default' "
                          f"rotary positions are implemented)")
         extra = sorted(set(rope) - {"rope_type", "type", "rope_theta"})
         if extra:                          # e.g. a "factor" without a type: not to be ignored
-            raise refuse(f"{field} holds {', '.join(extra)} for default rotary positions")
+            raise refuse(f"{key} holds {', '.join(extra)} for default rotary positions")
         theta = rope.get("rope_theta", theta)
     sizes = {name: raw.get(key) for name, key in (
         ("vocab_size", "vocab_size"), ("context_length", "max_position_embeddings"),

@@ -30,8 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from minitransformer import _checks, pretrained
-from minitransformer.gpt import GPT, GPT2_NAMES
-from minitransformer.llama import Llama
+from minitransformer.gpt import GPT
+from minitransformer.models import architecture_of
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -312,14 +312,8 @@ def _module_table(model: nn.Module) -> dict[str, tuple[str, tuple[str, ...]]]:
     Raises:
         TypeError: a model without a transformers counterpart (not a Llama or GPT).
     """
-    if isinstance(model, Llama):
-        table, prefix = model._names(), ""
-    elif isinstance(model, GPT):
-        table, prefix = GPT2_NAMES, "transformer."
-    else:
-        raise TypeError(f"model must be a Llama or a GPT (PEFT's names are those of "
-                        f"transformers' LlamaForCausalLM and GPT2LMHeadModel), got "
-                        f"{type(model).__name__}")
+    architecture = architecture_of(model)   # PEFT's names are those of transformers' models
+    table, prefix = architecture.names(model.config), architecture.prefix
     groups: dict[str, list[str]] = defaultdict(list)
     for ours, theirs in pretrained.their_names(table, model.config.num_layers).items():
         if ours.endswith(".weight"):

@@ -157,7 +157,8 @@ class SkipModel:
         return f"SkipModel({n} words, table of shape ({n * n}, {n}))"
 
     def feature_index(self, earlier: str, recent: str) -> int:
-        """The row of the feature (``earlier`` seen before, ``recent`` most recent): ``w * N + r``."""
+        """The row of the feature (``earlier`` seen before, ``recent`` most recent):
+        ``w * N + r``."""
         w, r = _word_ids([earlier, recent], self.vocab, "the feature")
         return _pair_row(w, r, len(self.vocab))
 

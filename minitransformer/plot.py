@@ -74,9 +74,11 @@ def heatmap(
     if values.ndim != 2:
         raise ValueError(f"heatmap draws a 2-D matrix, got shape {values.shape}")
     rows, cols = values.shape
-    for name, labels, expected in (("row_labels", row_labels, rows), ("col_labels", col_labels, cols)):
+    for name, labels, expected in (("row_labels", row_labels, rows),
+                                   ("col_labels", col_labels, cols)):
         if labels is not None and len(labels) != expected:
-            raise ValueError(f"{name} has {len(labels)} labels for a matrix of shape {values.shape}")
+            raise ValueError(f"{name} has {len(labels)} labels for a matrix of shape "
+                             f"{values.shape}")
     if ax is None:
         _, ax = plt.subplots(figsize=(max(3.0, 0.55 * cols + 1.5), max(2.0, 0.45 * rows + 1.0)))
     finite = np.isfinite(values)
@@ -122,7 +124,8 @@ def heatmap(
 
 
 def _chain_layers(edges: dict[int, list[int]], nodes: list[int]) -> dict[int, int]:
-    """A column for each node: the longest path to it from a start, ignoring edges that close a loop."""
+    """A column for each node: the longest path to it from a start, ignoring edges that close a
+    loop."""
     state: dict[int, int] = {}  # 1 = on the current path, 2 = done
     order: list[int] = []
     loop_edges: set[tuple[int, int]] = set()
@@ -170,7 +173,8 @@ def chain_graph(
     *,
     decimals: int = 2,
 ) -> plt.Axes:
-    """Draw a first-order Markov model as a chain: words as boxes, arrows labelled with probabilities.
+    """Draw a first-order Markov model as a chain: words as boxes, arrows labelled with
+    probabilities.
 
     Words are placed in columns from left to right by how far they are from a starting word (one
     nothing leads to); an arrow is drawn for every non-zero transition, thicker for likelier ones,
@@ -268,7 +272,8 @@ def embedding_scatter(
     """
     values = _as_numpy(points)
     if values.ndim != 2 or values.shape[1] != 2:
-        raise ValueError(f"embedding_scatter draws points of shape (n, 2), got shape {values.shape}")
+        raise ValueError(f"embedding_scatter draws points of shape (n, 2), got shape "
+                         f"{values.shape}")
     if len(labels) != len(values):
         raise ValueError(f"embedding_scatter got {len(labels)} labels for {len(values)} points")
     if ax is None:
@@ -290,7 +295,8 @@ def positional_encoding_heatmap(
     ax: plt.Axes | None = None,
     title: str | None = "Sinusoidal positional encoding",
 ) -> plt.Axes:
-    """Draw a positional encoding, positions down and dimensions across, with a colour bar (chapter 5).
+    """Draw a positional encoding, positions down and dimensions across, with a colour bar
+    (chapter 5).
 
     Args:
         encoding: array-like or tensor of shape ``(num_positions, d_model)``.

@@ -29,6 +29,7 @@ from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
 from minitransformer.layers import DecoderLayer, EncoderLayer, LayerNorm
+from minitransformer.lm import init_weights
 from minitransformer.masks import causal_mask, padding_mask
 
 
@@ -151,7 +152,7 @@ class Seq2Seq(nn.Module):
         self.decoder_norm = LayerNorm(c.d_model, **factory)
         self.head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False, **factory)
         self.head.weight = self.tgt_token_embedding.weight  # weight tying
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     # --- the public, checked entry points ------------------------------------------------------
 
@@ -422,15 +423,6 @@ class Seq2Seq(nn.Module):
 
 
 MODEL_TYPE = "minitransformer-seq2seq"  # config.json's model_type for a Seq2Seq
-
-
-def _init_weights(module: nn.Module) -> None:
-    """GPT-2's initialisation, as in chapter 9: N(0, 0.02) weights, zero biases."""
-    # on the meta device there are no numbers to draw (from_pretrained checks shapes there)
-    if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)
 
 
 def strip_special(ids: Tensor | list[int], *, bos_id: int = 1, eos_id: int = 2) -> list[int]:

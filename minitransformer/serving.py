@@ -21,14 +21,14 @@ tokens would otherwise pad every one-token decode row to its length. A new reque
 runs alone (TTFT is one prefill after admission); on the CPU a prefill is already a large
 matrix product, and batching prefills buys little.
 
-A GPT runs both through :meth:`~minitransformer.gpt.GPT.make_fast_decode_step`'s step with
+A GPT or a Llama runs both through its ``make_fast_decode_step``'s step
+(:meth:`GPT.make_fast_decode_step <minitransformer.gpt.GPT.make_fast_decode_step>`) with
 ``pack_weights=True``: its weights packed once, when the engine is made, in oneDNN's layout,
 which multiplied GPT-2 small's matrices by 3 to 16 rows in 0.6-0.9 of the time of the
 unpacked blocks; one or two rows take the blocks of weight rows, which both threads share.
 That costs the weights once more in memory, and makes the first token equal to the one it gets
 alone up to float rounding rather than bit for bit. ``pack_weights=False`` prefills with
 ``make_decode_step``'s step (bit for bit ``forward``) and decodes with the unpacked fast step.
-A Llama takes its ``make_decode_step`` for both.
 
 The keys and values live in a :class:`~minitransformer.paged_cache.BlockPool`. A request takes
 a block each time its last one fills. When the pool is empty, the youngest running request is
@@ -210,7 +210,7 @@ class Engine:
         eos_ids: the tokens that end a request (``stop``); ``None`` takes the tokenizer's chat
             tokens (``<|end|>`` and the role markers, as ``minitransformer chat`` stops), or
             none without a tokenizer.
-        pack_weights: a GPT's weights also packed for the CPU's matrix products (see the
+        pack_weights: the model's weights also packed for the CPU's matrix products (see the
             module's notes; twice the weights' memory); ``False``: not, and the prefill is
             ``forward``'s bit for bit.
 
@@ -221,11 +221,9 @@ class Engine:
     def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
                  kv_blocks: int = 256, block_size: int = BLOCK_SIZE,
                  eos_ids: Sequence[int] | None = None, pack_weights: bool = True):
-        from minitransformer.gpt import GPT
-        from minitransformer.llama import Llama
+        from minitransformer.models import architecture_of
 
-        if not isinstance(model, (GPT, Llama)):
-            raise TypeError(f"model must be a GPT or a Llama, got {type(model).__name__}")
+        architecture_of(model)               # a GPT or a Llama: both have the fast step
         if tokenizer is not None and not callable(getattr(tokenizer, "token_bytes", None)):
             raise TypeError(f"tokenizer must be a BPETokenizer (with token_bytes), got "
                             f"{type(tokenizer).__name__}")
@@ -246,12 +244,12 @@ class Engine:
             eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
         self.eos_ids = frozenset(self._check_vocab("eos_ids",
                                                    _checks.check_id_list("eos_ids", eos_ids)))
-        fast = getattr(model, "make_fast_decode_step", None)          # GPT's; not Llama's
-        if fast is not None and pack_weights:
-            self._prefill_step = self._decode_step = fast(pack_weights=True)
+        if pack_weights:
+            self._prefill_step = self._decode_step = model.make_fast_decode_step(
+                pack_weights=True)
         else:
-            self._prefill_step = model.make_decode_step()  # bit for bit forward: generate's
-            self._decode_step = fast() if fast is not None else self._prefill_step
+            self._prefill_step = model.make_decode_step()  # bit for bit forward
+            self._decode_step = model.make_fast_decode_step()
         self._lock = threading.Lock()                 # the queue, the ids, the cancellations
         self._step_lock = threading.Lock()            # one step at a time
         self._next_id = 0

@@ -22,8 +22,7 @@ from torch import Tensor, nn
 
 from minitransformer._checks import check_int, check_type
 from minitransformer.chat import PAD, check_chat_tokenizer, encode_chat
-
-IGNORE_INDEX = -100  # a label the loss leaves out, as in F.cross_entropy and transformers
+from minitransformer.lm import IGNORE_INDEX
 
 
 def sft_labels(ids: Sequence[int], mask: Sequence[bool]) -> list[int]:

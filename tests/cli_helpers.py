@@ -4,32 +4,11 @@ modules; pytest puts this folder on ``sys.path``.)"""
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 
-import pytest
 import torch
 
-from minitransformer.cli import main
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Each module runs its commands on one thread, as ``--threads 1`` asks, and gives the
-    thread count back after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(*argv) -> tuple[int, str, str]:
-    """``python -m minitransformer ARGV`` in this process: its exit status, stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
+from helpers import one_thread, run  # noqa: F401 (one_thread: a fixture)
 
 
 def train_base(text: Path, out: Path, flags: list, *extra) -> Path:

@@ -38,7 +38,7 @@ def alone(model, prompt, n, **options):
     return out[0, len(prompt):].tolist()
 
 
-# --- left padding ------------------------------------------------------------------------------------
+# --- left padding --------------------------------------------------------------------------------
 
 def test_left_pad_puts_the_padding_first_and_counts_positions_from_the_first_token():
     idx, mask, positions = left_pad([[7, 8, 9], [4]], pad_id=0)
@@ -59,7 +59,7 @@ def test_left_pad_refuses_bad_prompts():
         left_pad([[1]], pad_id=-1)
 
 
-# --- one forward pass --------------------------------------------------------------------------------
+# --- one forward pass ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", MODELS)
 def test_a_padded_batch_gives_each_prompt_its_logits_alone(name):
@@ -129,7 +129,7 @@ def test_bad_masks_and_positions_are_refused(name):
         model(idx, position_ids=positions.float())
 
 
-# --- generation ------------------------------------------------------------------------------------
+# --- generation ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", MODELS)
 def test_batched_greedy_tokens_are_the_tokens_alone(name):

@@ -357,3 +357,19 @@ def test_not_a_dict_and_not_a_file():
 def test_known_patterns():
     assert PRE_TOKENIZERS["gpt2"] == GPT2_PATTERN
     assert regex.findall(SMOLLM_PATTERN, "ab  12 x³") == ["ab", "  ", "1", "2", " x", "³"]
+
+
+def test_transformers_own_save_of_the_gguf_tokenizer_reads_back(ours, theirs, strings,
+                                                                tmp_path):
+    """transformers 5 writes tokenizer.json (GPT-2's split, as its GGUF loader splits) and the
+    template as chat_template.jinja: from_pretrained reads both, and equals it everywhere."""
+    theirs.save_pretrained(tmp_path)
+    assert (tmp_path / "chat_template.jinja").is_file()
+    loaded = BPETokenizer.from_pretrained(tmp_path)
+    assert loaded.pattern == GPT2_PATTERN and loaded.chat_template == ours.chat_template
+    assert (loaded.bos_token, loaded.eos_token, loaded.pad_token, loaded.missing_bytes) \
+        == (ours.bos_token, ours.eos_token, ours.pad_token, MISSING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        differ = [s for s in strings if loaded.encode(s) != theirs(s)["input_ids"]]
+    assert differ == []

@@ -11,17 +11,9 @@ import torch
 import minitransformer as mt
 from minitransformer.classifier import EncoderClassifier, EncoderConfig
 from minitransformer.training import train
+from helpers import one_thread  # noqa: F401 (a fixture)
 
 PAD = 0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small run fastest on one thread (and far faster on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def config(**overrides) -> EncoderConfig:

@@ -6,7 +6,6 @@ errors. Runs call ``main(argv)`` in-process, except where a process is the point
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import random
@@ -22,7 +21,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the network
 
 from minitransformer import GPT, BPETokenizer, checkpoints  # noqa: E402
-from minitransformer.cli import main  # noqa: E402
+from helpers import one_thread, run  # noqa: F401 (one_thread: a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -31,23 +30,6 @@ TINY = ["--steps", "30", "--batch-size", "8", "--context-length", "16", "--num-l
         "--num-heads", "2", "--d-model", "32", "--vocab-size", "300", "--lr", "1e-2",
         "--save-every", "10", "--log-every", "10", "--no-progress", "--device", "cpu",
         "--threads", "1"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One thread, as the subprocesses below (OMP_NUM_THREADS=1): runs compare bit for bit."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    """``main(argv)`` in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:

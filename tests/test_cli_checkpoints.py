@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from minitransformer import checkpoints  # noqa: E402
-from minitransformer.cli import main  # noqa: E402
+from helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--batch-size", "2", "--context-length", "8", "--num-layers", "1", "--num-heads", "1",
@@ -35,13 +34,6 @@ TINY = ["--batch-size", "2", "--context-length", "8", "--num-layers", "1", "--nu
 
 class Killed(BaseException):
     """Not an Exception: main() does not catch it, as nothing catches SIGKILL."""
-
-
-def run(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
 
 
 @contextlib.contextmanager

@@ -3,8 +3,6 @@ read with torch.load(weights_only=True), tied tensors stored once, the .bin kept
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
@@ -16,16 +14,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from minitransformer import GPT  # noqa: E402
-from minitransformer.cli import main  # noqa: E402
+from helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

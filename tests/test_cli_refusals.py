@@ -4,8 +4,6 @@ torchrun printed by rank 0 alone."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -19,19 +17,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from minitransformer import BPETokenizer  # noqa: E402
 from minitransformer.chat import CHAT_TOKENS  # noqa: E402
-from minitransformer.cli import main  # noqa: E402
+from helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--steps", "1", "--batch-size", "2", "--context-length", "8", "--num-layers", "1",
         "--num-heads", "1", "--d-model", "8", "--no-progress", "--device", "cpu",
         "--threads", "1"]
-
-
-def run(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
 
 
 def test_a_vocabulary_larger_than_the_text_can_fill_is_the_size_learned_and_said(tmp_path):

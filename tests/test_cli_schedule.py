@@ -3,8 +3,6 @@ schedule, and the warm-up-stable-decay schedule that extends bit for bit."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 from pathlib import Path
@@ -15,7 +13,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from minitransformer import checkpoints  # noqa: E402
-from minitransformer.cli import main  # noqa: E402
+from helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent
 #: 40 steps of a tiny model with dropout (the global RNG matters), warm-up 4, decay from 32.
@@ -23,13 +21,6 @@ TINY = ["--batch-size", "4", "--context-length", "16", "--num-layers", "1", "--n
         "--d-model", "16", "--vocab-size", "270", "--lr", "1e-2", "--dropout", "0.1",
         "--save-every", "10", "--eval-every", "10", "--no-progress", "--device", "cpu",
         "--threads", "1"]
-
-
-def run(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
 
 
 def same(a: dict, b: dict) -> bool:

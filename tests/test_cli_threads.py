@@ -3,8 +3,6 @@ threads wait for each other, printed, and taken from --threads."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 from pathlib import Path
 
@@ -13,20 +11,13 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from minitransformer.cli import main  # noqa: E402
 from minitransformer.cli.common import threads  # noqa: E402
+from helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--steps", "2", "--batch-size", "4", "--context-length", "16", "--num-layers", "1",
         "--num-heads", "2", "--d-model", "16", "--vocab-size", "260", "--no-progress",
         "--device", "cpu"]
-
-
-def run(*argv) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in argv])
-    return status, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

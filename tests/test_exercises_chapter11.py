@@ -286,7 +286,7 @@ def test_offset_with_the_batch_size_for_t(count, capsys):
 def test_max_positions_mistakes_get_their_hint(wrong, hint, capsys):
     assert not check_max_positions(wrong)
     out = capsys.readouterr().out
-    assert out.startswith("✗ case ") and f"Hint: " in out
+    assert out.startswith("✗ case ") and "Hint: " in out
     assert hint in out.split("Hint: ", 1)[1]
 
 

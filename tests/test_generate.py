@@ -20,7 +20,8 @@ def test_temperature_zero_is_argmax():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 5), min_size=0, max_size=2), st.integers(1, 30), st.integers(0, 2**31 - 1))
+@given(st.lists(st.integers(1, 5), min_size=0, max_size=2), st.integers(1, 30),
+       st.integers(0, 2**31 - 1))
 def test_greedy_equals_argmax_for_any_batch_shape(batch, vocab, seed):
     logits = torch.randn(*batch, vocab, generator=torch.Generator().manual_seed(seed))
     got = sample_next(logits, temperature=0.0)

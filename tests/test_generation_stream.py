@@ -6,19 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from minitransformer import GPT, GPTConfig, Llama, LlamaConfig, generate, stream_tokens
-
-
-def tiny_gpt(context_length=40):
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=13, context_length=context_length, num_layers=2,
-                         num_heads=2, d_model=16)).eval()
-
-
-def tiny_llama(context_length=40):
-    torch.manual_seed(0)
-    return Llama(LlamaConfig(vocab_size=13, context_length=context_length, num_layers=2,
-                             num_heads=4, num_kv_heads=2, d_model=16)).eval()
+from helpers import tiny_gpt, tiny_llama
+from minitransformer import generate, stream_tokens
 
 
 MODELS = {"gpt": tiny_gpt, "llama": tiny_llama}

@@ -10,6 +10,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 
@@ -382,14 +384,23 @@ def tiny_llama():
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, context_length=32, num_layers=2, num_heads=4,
                          d_model=32, d_ff=48, num_kv_heads=2, rope_theta=500.0, norm_eps=2.0**-17)
-    return Llama(config).eval()
+    return _perturbed(Llama(config))
+
+
+def _perturbed(model: Llama) -> Llama:
+    """Every parameter moved off its initial value: unit norms would let a wrong mapping of
+    the norms pass."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape))
+    return model.eval()
 
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_from_gguf_undoes_the_converters_permutation(tmp_path, tiny_llama, tied):
     model = tiny_llama
     if tied:
-        model = Llama(dataclasses.replace(model.config, tie_embeddings=True)).eval()
+        model = _perturbed(Llama(dataclasses.replace(model.config, tie_embeddings=True)))
     loaded = Llama.from_gguf(_llama_gguf(tmp_path / "tiny.gguf", model))
     assert loaded.config == model.config and not loaded.training
     assert loaded.config.tie_embeddings is tied
@@ -421,8 +432,9 @@ def test_from_gguf_equals_transformers_on_a_small_file(tmp_path, tiny_llama):
 @pytest.mark.parametrize("changes, message", [
     ({"general.architecture": "qwen2"}, r"tiny.gguf: general.architecture is 'qwen2', not "
                                         r"'llama'"),
-    ({"llama.embedding_length": 64, "llama.rope.dimension_count": None}, r"token_embd.weight has shape \(64, 32\), but the "
-                                     r"metadata says \(64, 64\) \(llama.embedding_length = 64\)"),
+    ({"llama.embedding_length": 64, "llama.rope.dimension_count": None},
+     r"token_embd.weight has shape \(64, 32\), but the "
+     r"metadata says \(64, 64\) \(llama.embedding_length = 64\)"),
     ({"llama.feed_forward_length": 40}, r"blk.0.ffn_gate.weight has shape \(48, 32\), but the "
                                         r"metadata says \(40, 32\) "
                                         r"\(llama.feed_forward_length = 40\)"),
@@ -475,3 +487,60 @@ def test_from_gguf_refuses_k_quants_and_other_files(tmp_path):
         Llama.from_gguf(tmp_path / "model.safetensors")
     with pytest.raises(FileNotFoundError):
         Llama.from_gguf(tmp_path / "missing.gguf")
+
+
+_RANGES = {"uint8": (0, 2**8 - 1), "int8": (-2**7, 2**7 - 1), "uint16": (0, 2**16 - 1),
+           "int16": (-2**15, 2**15 - 1), "uint32": (0, 2**32 - 1), "int32": (-2**31, 2**31 - 1),
+           "uint64": (0, 2**64 - 1), "int64": (-2**63, 2**63 - 1)}
+
+
+def _values(kind: str):
+    if kind in _RANGES:
+        return st.integers(*_RANGES[kind])
+    if kind == "float32":
+        return st.floats(width=32, allow_nan=False)
+    if kind == "float64":
+        return st.floats(allow_nan=False)
+    if kind == "bool":
+        return st.booleans()
+    return st.text()
+
+
+@st.composite
+def _metadata(draw):
+    kinds = draw(st.lists(st.sampled_from([*_RANGES, "float32", "float64", "bool", "string"]),
+                          max_size=6))
+    out = {}
+    for i, kind in enumerate(kinds):
+        if draw(st.booleans()):
+            out[f"k{i}"] = (draw(st.lists(_values(kind), max_size=4)), f"array[{kind}]")
+        else:
+            out[f"k{i}"] = (draw(_values(kind)), kind)
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(_metadata(), st.sampled_from([8, 32, 64]))
+def test_metadata_round_trip(metadata, alignment):
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/m.gguf"
+        write_gguf(path, {k: v for k, (v, _) in metadata.items()}, {"w": torch.ones(3)},
+                   types={k: t for k, (_, t) in metadata.items()}, alignment=alignment)
+        f = GGUFFile(path)
+        expected = {k: v for k, (v, _) in metadata.items()}
+        if alignment != 32:
+            expected["general.alignment"] = alignment
+        assert f.metadata == expected and f.alignment == alignment
+        assert all(f.metadata_types[k] == t for k, (_, t) in metadata.items())
+        assert torch.equal(f.tensor("w"), torch.ones(3))
+
+
+def test_arrays_nested_too_deep_are_refused(tmp_path):
+    value = 1
+    for _ in range(40):
+        value = [value]
+    path = tmp_path / "deep.gguf"
+    write_gguf(path, {"k": value}, {})
+    with pytest.raises(ValueError, match="deep.gguf: k nests arrays more than 16 deep"):
+        GGUFFile(path)

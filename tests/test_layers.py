@@ -15,6 +15,7 @@ from torch import nn
 from minitransformer import (DecoderLayer, EncoderLayer, FeedForward, LayerNorm, SkipModel,
                              Vocabulary, causal_mask, layer_norm, padding_mask)
 from minitransformer.cache import KVCache
+from helpers import one_thread  # noqa: F401 (a fixture)
 
 SENTENCES = ["Check the program log and find out whether it ran please.",
              "Check the battery log and find out whether it ran down please."]
@@ -66,7 +67,8 @@ def test_chapter4_votes_match_the_masked_skip_model_of_chapter3():
         prefix = prefix[: prefix.index("ran") + 1]
         attended = multi_hot([w for w in set(prefix) if w in ("battery", "program", "ran")])
         votes = block(attended)
-        torch.testing.assert_close(votes, torch.tensor(model.votes(prefix, mask), dtype=torch.float32))
+        torch.testing.assert_close(votes, torch.tensor(model.votes(prefix, mask),
+                                                       dtype=torch.float32))
     assert block(multi_hot(["battery", "ran"]))[VOCAB.index("down")].item() == 1.0
     assert block(multi_hot(["program", "ran"]))[VOCAB.index("please")].item() == 1.0
 
@@ -763,15 +765,7 @@ def gradient_norms(layers, how, *, final_norm=False, seed=0):
                        if p.grad is not None]).norm().item() for layer in layers]
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_chapter8_skips_carry_the_gradient_to_the_first_layer(one_thread):
+def test_chapter8_skips_carry_the_gradient_to_the_first_layer():
     no_skips = gradient_norms(make_stack(24, dtype=torch.float64), "no skips")
     skips = gradient_norms(make_stack(24, dtype=torch.float64), "skips")
     assert no_skips[0] < 1e-20 < 1 < skips[0]                  # 2.1e-27 and 87
@@ -792,7 +786,7 @@ def test_chapter8_a_skip_keeps_the_token_when_attention_gives_nothing():
     assert bool((attended == attended[:, :1]).all())            # every position the same
 
 
-def test_chapter8_activation_scale_drifts_without_norms(one_thread):
+def test_chapter8_activation_scale_drifts_without_norms():
     x0 = torch.randn(M_B, M_T, M_D_MODEL, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         _, skips = run_stack(make_stack(24), x0, "skips")
@@ -805,7 +799,7 @@ def test_chapter8_activation_scale_drifts_without_norms(one_thread):
     assert pre[0] < pre[11] < pre[-1]                           # 1.04, 1.42, 1.77
 
 
-def test_chapter8_post_norm_gives_the_top_layer_larger_gradients_than_pre_norm(one_thread):
+def test_chapter8_post_norm_gives_the_top_layer_larger_gradients_than_pre_norm():
     depths = [6, 12, 24, 48]
     last = {False: [], True: []}
     for num_layers in depths:

@@ -17,20 +17,11 @@ import torch.nn.functional as F  # noqa: E402
 import minitransformer as mt  # noqa: E402
 from minitransformer.llama import (LLAMA_NAMES, GroupedQueryAttention, Llama,  # noqa: E402
                                    LlamaBlock, LlamaConfig, expand_kv_heads)
+from helpers import perturbed
 
 
 def randn(*shape, dtype=torch.float32, seed=0):
     return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
-
-
-def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter moved off its initial value: norms start at 1, so a norm mapped to the
-    wrong tensor would pass unperturbed."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
-    return model.eval()
 
 
 SIZES = dict(vocab_size=61, context_length=24, num_layers=2, num_heads=4, d_model=32)

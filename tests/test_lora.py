@@ -19,6 +19,7 @@ from minitransformer.gpt import GPT, GPTConfig  # noqa: E402
 from minitransformer.llama import Llama, LlamaConfig  # noqa: E402
 from minitransformer.lora import (LoRALinear, add_lora, load_adapter, merge_lora,  # noqa: E402
                                   peft_module_names, save_adapter, trainable_parameters)
+from helpers import perturbed
 
 # PEFT asks transformers a question it has deprecated; not ours to answer
 pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")
@@ -31,15 +32,6 @@ transformers_required = pytest.mark.skipif(
 
 def generator(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Every parameter moved off its start (norms at 1, biases at 0 would hide a mix-up)."""
-    g = generator(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model.eval()
 
 
 def random_B(model: nn.Module, seed: int = 1) -> nn.Module:
@@ -450,7 +442,7 @@ def test_save_adapter_refuses_bad_input(tmp_path):
     with pytest.raises(ValueError, match=r"no LoRA layers"):
         save_adapter(small_llama(), tmp_path, base_model_name_or_path="base")
     plain = add_lora(nn.Sequential(nn.Linear(4, 4)), r=2, alpha=2, targets=("0",))
-    with pytest.raises(TypeError, match=r"must be a Llama or a GPT.*got Sequential"):
+    with pytest.raises(TypeError, match=r"must be a GPT or a Llama, got Sequential"):
         save_adapter(plain, tmp_path, base_model_name_or_path="base")
     model = add_lora(small_llama(), r=4, alpha=8)
     with pytest.raises(TypeError, match=r"base_model_name_or_path must be a str"):

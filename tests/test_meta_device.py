@@ -188,14 +188,17 @@ def _gpt():
     return results, stream, next(batches), cues
 
 
-@case("generate")
+@case("generate", "stream_tokens", "SamplingParams")
 def _generate():
     config = mt.GPTConfig(vocab_size=9, context_length=8, num_layers=1, num_heads=2, d_model=8)
     model = mt.GPT(config, device=DEVICE)
     prompt = torch.tensor([[1, 2]], device=DEVICE)
     generator = torch.Generator(device=DEVICE).manual_seed(0)
+    # a stream runs on the model's device (a meta tensor could not give its tokens as ints)
+    streamed = list(mt.stream_tokens(model, [1, 2], 3, sampling=mt.SamplingParams(seed=0)))
     return (mt.generate(model, prompt, 3, generator=generator, top_k=2),
-            mt.generate(model, prompt, 3, temperature=0))
+            mt.generate(model, prompt, 3, temperature=0),
+            torch.tensor(streamed, device=DEVICE))
 
 
 @case("train", "evaluate")

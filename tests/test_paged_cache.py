@@ -88,7 +88,7 @@ def test_memory_is_counted():
     assert p.nbytes == 4 * per_block         # with the null block
 
 
-# --- gathering and paged attention -----------------------------------------------------------------
+# --- gathering and paged attention ---------------------------------------------------------------
 
 def filled(num_blocks, block_size, heads, width, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -198,7 +198,7 @@ def test_merge_partials_refuses_shapes_that_do_not_fit():
         merge_partials(m, total, out, m, total, out[:1, None])
 
 
-# --- a model through a paged view ------------------------------------------------------------------
+# --- a model through a paged view ----------------------------------------------------------------
 
 def models():
     torch.manual_seed(0)

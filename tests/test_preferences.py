@@ -43,6 +43,7 @@ from minitransformer.preferences import (
 from minitransformer.pretrained import to_theirs
 from minitransformer.sft import IGNORE_INDEX
 from test_chat import CORPUS, SPECIALS  # tests/ is on sys.path
+from helpers import perturbed
 
 LN2 = math.log(2)
 
@@ -72,14 +73,6 @@ DATA = {"plain": PLAIN, "conversational": CONVERSATIONAL}
 def tok():
     text = CORPUS.read_text(encoding="utf-8")[:20_000]
     return BPETokenizer.train(text, 400, pattern=GPT2_PATTERN, special_tokens=SPECIALS)
-
-
-def perturbed(model, seed):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))  # no unit norms or zero biases left
-    return model.eval()
 
 
 def make(name, tok, seed):
@@ -376,9 +369,11 @@ def test_refusals(tok):
         dpo_loss([0.0], pc, pc, pc, beta=0.1)
     with pytest.raises(ValueError, match=r"targets must be \(B, T\)"):
         sequence_log_probs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"targets holds token id -1, outside the vocabulary \[0, 5\)"):
+    with pytest.raises(ValueError,
+                       match=r"targets holds token id -1, outside the vocabulary \[0, 5\)"):
         sequence_log_probs(torch.zeros(1, 2, 5), torch.tensor([[-1, 2]]))
-    with pytest.raises(ValueError, match=r"targets holds token id 5, outside the vocabulary \[0, 5\)"):
+    with pytest.raises(ValueError,
+                       match=r"targets holds token id 5, outside the vocabulary \[0, 5\)"):
         sequence_log_probs(torch.zeros(1, 2, 5), torch.tensor([[0, 5]]))
     bad = [({"prompt": "a", "chosen": "b"}, ValueError, r"pairs\[0\]: the pair has no 'rejected'"),
            ({"prompt": "a", "chosen": "b", "rejected": [{"role": "assistant", "content": "x"}]},

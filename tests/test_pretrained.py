@@ -17,18 +17,9 @@ import torch  # noqa: E402
 import minitransformer as mt  # noqa: E402
 from minitransformer.gpt import GPT, GPTConfig  # noqa: E402
 from minitransformer.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
+from helpers import perturbed
 
 transformers = pytest.importorskip("transformers")
-
-
-def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter moved off its initial value: zero biases and unit norms would let a
-    wrong mapping of biases or norms pass."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
-    return model.eval()
 
 
 def small_gpt(dtype=torch.float32, **changes) -> GPT:

@@ -20,6 +20,7 @@ from minitransformer.seq2seq import (
     strip_special,
 )
 from minitransformer.training import train
+from helpers import one_thread  # noqa: F401 (a fixture)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -51,15 +52,6 @@ def corpus():
     train_pairs, val_pairs = data.translation_splits(3000, 64, seed=0)
     src_vocab, tgt_vocab = data.translation_vocabularies()
     return train_pairs, val_pairs, src_vocab, tgt_vocab
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small run fastest on one thread (and far faster on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -87,7 +87,7 @@ def drive(engine, ids):
     raise AssertionError("the requests never finished")
 
 
-# --- tokens as alone -------------------------------------------------------------------------------
+# --- tokens as alone -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
 def test_every_request_gets_its_tokens_alone(make):
@@ -114,11 +114,11 @@ def test_a_gpt_runs_through_the_fast_step(monkeypatch, pack_weights):
     of the weights (``pack_weights``, the default). It prefills through the packed copy too,
     within float32 rounding of forward; with ``pack_weights=False``, through make_decode_step,
     bit for bit forward. A one-token prompt included, every request's tokens are its own."""
-    import minitransformer.gpt as gpt_module
+    import minitransformer.fast_decode as fast_module
 
-    monkeypatch.setattr(gpt_module, "FAST_MIN_NUMEL", 0)
+    monkeypatch.setattr(fast_module, "FAST_MIN_NUMEL", 0)
     calls = {"blocks": 0, "packed": 0}
-    row_product, packed_call = gpt_module._row_product, gpt_module._PackedWeight.__call__
+    row_product, packed_call = fast_module.row_product, fast_module.PackedWeight.__call__
 
     def counted(*args, **kwargs):
         calls["blocks"] += 1
@@ -129,8 +129,8 @@ def test_a_gpt_runs_through_the_fast_step(monkeypatch, pack_weights):
         calls["packed"] += out is not None
         return out
 
-    monkeypatch.setattr(gpt_module, "_row_product", counted)
-    monkeypatch.setattr(gpt_module._PackedWeight, "__call__", counted_packed)
+    monkeypatch.setattr(fast_module, "row_product", counted)
+    monkeypatch.setattr(fast_module.PackedWeight, "__call__", counted_packed)
     model = gpt()
     requests = [Request([7], max_tokens=6, temperature=0.0), *mixed_requests(9, seed=3)]
     engine = Engine(model, max_batch=4, kv_blocks=64, block_size=4, eos_ids=[5],
@@ -197,7 +197,7 @@ def test_the_engine_admits_what_fits_and_reports_its_state():
     assert engine.num_free_blocks == 40 and not engine.has_work
 
 
-# --- cancellation and threads ----------------------------------------------------------------------
+# --- cancellation and threads --------------------------------------------------------------------
 
 def test_cancel_frees_the_blocks_of_running_and_waiting_requests():
     model = gpt()
@@ -336,7 +336,7 @@ def test_bad_requests_and_engines_are_refused():
         Engine(gpt(), pack_weights="yes")
 
 
-# --- text ------------------------------------------------------------------------------------------
+# --- text ----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def tokenizer():

@@ -8,19 +8,18 @@ by ``AutoModelForCausalLM``.
 """
 
 import os
-import random
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never the network
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from minitransformer import GPT, GPTConfig, Llama, LlamaConfig, train
 from minitransformer.bpe import GPT2_PATTERN, BPETokenizer
-from minitransformer.chat import CHAT_TOKENS, END_OF_TURN, PAD, encode_chat, write_chat_template
+from minitransformer.chat import END_OF_TURN, PAD, encode_chat, write_chat_template
 from minitransformer.sft import IGNORE_INDEX, sft_batch, sft_labels, sft_loss
 from test_chat import CORPUS, SPECIALS, random_conversations  # tests/ is on sys.path
+from helpers import perturbed
 
 CONVERSATIONS = [
     [{"role": "system", "content": "Answer in one word."},
@@ -41,14 +40,6 @@ CONVERSATIONS = [
 def tok():
     text = CORPUS.read_text(encoding="utf-8")[:20_000]
     return BPETokenizer.train(text, 400, pattern=GPT2_PATTERN, special_tokens=SPECIALS)
-
-
-def perturbed(model):
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))  # no unit norms or zero biases left
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -271,8 +271,9 @@ def test_a_kill_mid_write_leaves_no_file(tmp_path):
         zipfile.ZipExtFile.read = slow_read
         pretrained.download_smollm2(cache_dir={str(cache)!r})
     """)
+    root = str(Path(__file__).resolve().parents[1])
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+                             env={**os.environ, "PYTHONPATH": root})
     try:
         assert child.stdout.readline() == b"writing\n"
         time.sleep(0.2)

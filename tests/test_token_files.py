@@ -124,7 +124,7 @@ def test_same_seed_same_files_and_the_sample_is_bounded(tmp_path, monkeypatch):
         line.encode("utf-8") in text for line in sample.splitlines(keepends=True))
     kwargs = dict(vocab_size=300, sample_bytes=16 * 1024, workers=1, progress=False)
     a = prepare(CORPUS, tmp_path / "a", seed=3, **kwargs)
-    b = prepare(CORPUS, tmp_path / "b", seed=3, **kwargs)
+    prepare(CORPUS, tmp_path / "b", seed=3, **kwargs)
     assert a["tokenizer"]["sample_bytes"] == 16 * 1024
     for name in ("train.bin", "val.bin", "merges.txt"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()

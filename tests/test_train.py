@@ -16,16 +16,7 @@ from minitransformer.training import (
     learning_rate,
     train,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models train faster on one thread, and a busy machine cannot slow them down by
-    making two threads wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from helpers import one_thread  # noqa: F401 (a fixture)
 
 
 def tiny_config(**changes):

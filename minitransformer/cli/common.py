@@ -24,7 +24,7 @@ import torch
 
 from minitransformer import checkpoints  # by the module: tests replace its functions
 from minitransformer.device import default_device
-from minitransformer.gpt import GPT, GPTConfig
+from minitransformer.models import ARCHITECTURES, architecture_for
 
 if TYPE_CHECKING:
     from minitransformer.bpe import BPETokenizer
@@ -258,10 +258,7 @@ class Processes:
 
 def architecture(arch: str) -> tuple[type, type]:
     """The model class and its config class for ``--arch``."""
-    if arch == "llama":
-        from minitransformer.llama import Llama, LlamaConfig
-        return Llama, LlamaConfig
-    return GPT, GPTConfig
+    return ARCHITECTURES[arch].model, ARCHITECTURES[arch].config
 
 
 def model_class(folder: Path) -> type:
@@ -269,7 +266,7 @@ def model_class(folder: Path) -> type:
     ``"model_type": "llama"`` in its ``config.json``, else GPT."""
     config = folder / "config.json"
     model_type = checkpoints.read_json(config).get("model_type") if config.is_file() else None
-    return architecture("llama" if model_type == "llama" else "gpt")[0]
+    return architecture_for(model_type).model
 
 
 #: --model's words where it may be left out: generate and chat then use SmolLM2

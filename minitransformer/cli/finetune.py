@@ -56,6 +56,7 @@ from minitransformer.lora import (
     save_adapter,
     trainable_parameters,
 )
+from minitransformer.models import ARCHITECTURES
 from minitransformer.sft import sft_batch
 from minitransformer.training import BAR_FORMAT, TrainingLoop, make_optimizer
 
@@ -64,7 +65,7 @@ DEFAULTS = {"steps": 100, "batch_size": 8, "lr": 1e-3, "seed": 0}
 #: LoRA's layers when --lora-targets is not given: PEFT's default for Llama (the query and
 #: value projections); for GPT, whose query, key and value are one fused layer in GPT-2's
 #: files (which PEFT cannot express as ours), the attention's output and the MLP's layers.
-LORA_TARGETS = {"Llama": ["q_proj", "v_proj"], "GPT": ["out_proj", "linear1", "linear2"]}
+LORA_TARGETS = {a.model.__name__: list(a.lora_targets) for a in ARCHITECTURES.values()}
 #: Flags that decide the run: on --resume they come from the checkpoint (as in ``train``).
 RUN_FLAGS = ("model", "data", *DEFAULTS, "lora_rank", "lora_alpha", "lora_targets")
 MERGED = "merged"

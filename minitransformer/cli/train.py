@@ -44,6 +44,7 @@ from minitransformer.cli.common import (
     set_threads,
 )
 from minitransformer.data import random_batches, window_batches
+from minitransformer.models import ARCHITECTURES
 from minitransformer.token_files import (
     INDEX_FILE,
     LEAST_VOCAB_SIZE,
@@ -62,7 +63,7 @@ from minitransformer.training import (
     wsd_decay_start,
 )
 
-ARCHS = ("gpt", "llama")
+ARCHS = tuple(ARCHITECTURES)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 

@@ -179,8 +179,10 @@ def _chapter_weights() -> tuple[Tensor, Tensor, Tensor, Tensor]:
 def _random_weights(seed: int, d_model: int, d_ff: int, batch: tuple[int, ...]) -> tuple:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(*batch, d_model, generator=generator)
-    return (x, torch.randn(d_model, d_ff, generator=generator), torch.randn(d_ff, generator=generator),
-            torch.randn(d_ff, d_model, generator=generator), torch.randn(d_model, generator=generator))
+    return (x, torch.randn(d_model, d_ff, generator=generator),
+            torch.randn(d_ff, generator=generator),
+            torch.randn(d_ff, d_model, generator=generator),
+            torch.randn(d_model, generator=generator))
 
 
 check_feed_forward = Checker(

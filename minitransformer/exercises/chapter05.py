@@ -3,8 +3,8 @@
 Each ``check_<thing>`` is called with the learner's function and prints one line (see
 :mod:`minitransformer.exercises`):
 
-* :data:`check_softmax` -- ``stable_softmax(scores)``: probabilities along the last dimension, safe for
-  large scores.
+* :data:`check_softmax` -- ``stable_softmax(scores)``: probabilities along the last dimension,
+  safe for large scores.
 * :data:`check_positional_vector` -- ``positional_vector(pos, d_model)``: one row of the
   sinusoidal positional encoding.
 * :data:`check_apply_temperature` -- ``apply_temperature(logits, temperature)``: the
@@ -47,13 +47,13 @@ class _SoftmaxChecker(Checker):
         if hinted != message:                   # a listed mistake explains it
             return hinted
         try:
-            has_nan = bool(np.isnan(np.asarray(got.detach().cpu() if isinstance(got, Tensor) else got,
-                                               dtype=float)).any())
+            values = got.detach().cpu() if isinstance(got, Tensor) else got
+            has_nan = bool(np.isnan(np.asarray(values, dtype=float)).any())
         except (TypeError, ValueError):
             has_nan = False
         if has_nan:
-            return (f"{message}. Hint: exp of a large score overflows to inf, and inf / inf is NaN: "
-                    "subtract the largest score of each row before taking exp")
+            return (f"{message}. Hint: exp of a large score overflows to inf, and inf / inf "
+                    "is NaN: subtract the largest score of each row before taking exp")
         return super()._with_hint(message, args, got=got, error=error)
 
 

@@ -1,0 +1,223 @@
+"""Quantization: a weight in 8 or 4 bits instead of 32 (chapter 19).
+
+Two ways to write numbers as small integers, each over a *group* of numbers that share one
+scale: the whole tensor, each row, or blocks of 32 along each row.
+
+* **absmax** (symmetric): ``s = max|x| / (2^(b-1) - 1)``, ``q = round(x / s)``, ``x ~ s q``.
+  Zero stays exactly zero; one outlier stretches ``s`` for its whole group.
+* **zero-point** (asymmetric): ``s = (max x - min x) / (2^b - 1)``, ``z = round(-min x / s)``,
+  ``q = clamp(round(x / s) + z, 0, 2^b - 1)``, ``x ~ s (q - z)``. All ``2^b`` levels cover the
+  group's range, wherever it lies.
+
+Then GGUF's own block formats, as llama.cpp writes them (byte for byte equal to the ``gguf``
+package's ``quants.quantize``; :mod:`minitransformer.gguf` reads them back):
+
+* ``Q8_0``: per 32 values, a float16 ``d = max|x| / 127`` and 32 int8 ``q``, rounded half away
+  from zero: 34 bytes, 8.5 bits a weight.
+* ``Q4_0``: per 32 values, a float16 ``d = m / -8`` where ``m`` is the value of largest
+  magnitude, and 16 bytes of 4-bit ``q = trunc(x / d + 8.5)``, clamped to 15; ``x ~ d (q - 8)``:
+  18 bytes, 4.5 bits a weight.
+* ``Q4_1``: per 32 values, float16 ``d = (max - min) / 15`` and ``m = min``, and 16 bytes of
+  ``q = trunc((x - min) / d + 0.5)``; ``x ~ d q + m``: 20 bytes, 5 bits a weight.
+
+In both 4-bit formats value ``i`` of a block sits in the low nibble of byte ``i`` for
+``i < 16`` and in the high nibble of byte ``i - 16`` otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from minitransformer import _checks
+
+GROUPS = ("tensor", "row", "block")
+BLOCK_SIZE = 32
+#: bytes per block of 32 values in each GGUF block format
+GGUF_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+
+
+# ----- from the equations -----------------------------------------------------------------------
+
+def absmax_quantize(x: Tensor, *, bits: int = 8, group: str = "tensor",
+                    block_size: int = BLOCK_SIZE) -> tuple[Tensor, Tensor]:
+    """Symmetric quantization: ``q = round(x / s)`` with ``s = max|x| / (2^(bits-1) - 1)`` per
+    group.
+
+    Args:
+        x: a float tensor of at least one dimension.
+        bits: 2 to 8.
+        group: ``"tensor"`` (one scale), ``"row"`` (one per row: the last dimension) or
+            ``"block"`` (one per ``block_size`` values of a row).
+
+    Returns:
+        ``(q, scale)``: ``q`` int8 of ``x``'s shape; ``scale`` float32 of the groups' shape
+        (``()``, ``(..., 1)`` or ``(..., n_blocks, 1)``). A group of zeros gets scale 1.
+
+    Raises:
+        TypeError, ValueError: not a float tensor, NaN or inf in it, bits outside 2 to 8, an
+            unknown group, rows not a multiple of ``block_size``.
+    """
+    groups = _grouped(x, bits, group, block_size)
+    q_max = 2 ** (bits - 1) - 1
+    scale = groups.abs().amax(dim=-1, keepdim=True) / q_max           # (..., G, 1)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(groups / scale).clamp(-q_max, q_max)
+    return q.to(torch.int8).reshape(x.shape), _scale_shape(scale, group)
+
+
+def absmax_dequantize(q: Tensor, scale: Tensor) -> Tensor:
+    """``s q``: the float32 values that :func:`absmax_quantize`'s ``(q, scale)`` stand for."""
+    return _times_scale(q.float(), scale)
+
+
+def zero_point_quantize(x: Tensor, *, bits: int = 4, group: str = "tensor",
+                        block_size: int = BLOCK_SIZE) -> tuple[Tensor, Tensor, Tensor]:
+    """Asymmetric quantization: ``q = clamp(round(x / s) + z, 0, 2^bits - 1)`` with
+    ``s = (max - min) / (2^bits - 1)`` and ``z = round(-min / s)`` per group.
+
+    Returns:
+        ``(q, scale, zero)``: ``q`` uint8 of ``x``'s shape; ``scale`` float32 and ``zero``
+        (float32 holding whole numbers) of the groups' shape, as :func:`absmax_quantize`'s.
+        A group whose values are all equal gets scale 1.
+
+    Raises:
+        TypeError, ValueError: as :func:`absmax_quantize`.
+    """
+    groups = _grouped(x, bits, group, block_size)
+    q_max = 2 ** bits - 1
+    low = groups.amin(dim=-1, keepdim=True)
+    high = groups.amax(dim=-1, keepdim=True)
+    scale = (high - low) / q_max
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    zero = torch.round(-low / scale)
+    q = (torch.round(groups / scale) + zero).clamp(0, q_max)
+    return (q.to(torch.uint8).reshape(x.shape), _scale_shape(scale, group),
+            _scale_shape(zero, group))
+
+
+def zero_point_dequantize(q: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
+    """``s (q - z)``: the float32 values that :func:`zero_point_quantize`'s output stands for."""
+    return _times_scale(q.float() - _expand_like(zero, q), scale)
+
+
+def _grouped(x: Tensor, bits: object, group: object, block_size: object) -> Tensor:
+    """``x`` as float32 groups ``(..., G, S)``: one group, the rows, or blocks of rows."""
+    _checks.check_float_tensor("x", x, min_ndim=1)
+    if _checks.check_int("bits", bits, low=2) > 8:
+        raise ValueError(f"bits must be between 2 and 8, got {bits}")
+    _checks.check_choice("group", group, GROUPS)
+    _checks.check_int("block_size", block_size)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("x holds NaN or inf, which no scale can represent")
+    x = x.float()
+    if group == "tensor":
+        return x.reshape(1, -1)                                  # (1, N)
+    if group == "row":
+        return x.unsqueeze(-2)                                   # (..., 1, n)
+    if x.shape[-1] % block_size:
+        raise ValueError(f"rows of {x.shape[-1]} values do not split into blocks of "
+                         f"{block_size}")
+    return x.reshape(*x.shape[:-1], -1, block_size)              # (..., n / S, S)
+
+
+def _scale_shape(scale: Tensor, group: str) -> Tensor:
+    if group == "tensor":
+        return scale.reshape(())
+    if group == "row":
+        return scale.squeeze(-2)                                 # (..., 1)
+    return scale                                                 # (..., n_blocks, 1)
+
+
+def _expand_like(scale: Tensor, q: Tensor) -> Tensor:
+    """A scale of :func:`_scale_shape`'s shape, repeated over the values of its group."""
+    if scale.ndim == q.ndim + 1:                                 # blocks
+        size = q.shape[-1] // scale.shape[-2]
+        return scale.expand(*scale.shape[:-1], size).reshape(q.shape)
+    return scale
+
+
+def _times_scale(values: Tensor, scale: Tensor) -> Tensor:
+    return values * _expand_like(scale.float(), values)
+
+
+# ----- GGUF's block formats ---------------------------------------------------------------------
+
+def quantize_q8_0(x: Tensor) -> Tensor:
+    """``x`` (rows a multiple of 32 long) as Q8_0 blocks: uint8 ``(..., n / 32 * 34)``."""
+    blocks = _gguf_blocks(x, "Q8_0")
+    d = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    q = _round_half_away(blocks * _inverse(d))
+    return _rows_of_bytes(x, _f16_bytes(d), q.to(torch.int8).view(torch.uint8))
+
+
+def quantize_q4_0(x: Tensor) -> Tensor:
+    """``x`` as Q4_0 blocks: uint8 ``(..., n / 32 * 18)``."""
+    blocks = _gguf_blocks(x, "Q4_0")
+    largest = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True))  # signed
+    d = largest / -8
+    q = torch.trunc(blocks * _inverse(d) + 8.5).clamp(0, 15)
+    return _rows_of_bytes(x, _f16_bytes(d), _nibbles(q))
+
+
+def quantize_q4_1(x: Tensor) -> Tensor:
+    """``x`` as Q4_1 blocks: uint8 ``(..., n / 32 * 20)``."""
+    blocks = _gguf_blocks(x, "Q4_1")
+    low = blocks.amin(dim=-1, keepdim=True)
+    d = (blocks.amax(dim=-1, keepdim=True) - low) / 15
+    q = torch.trunc((blocks - low) * _inverse(d) + 0.5).clamp(0, 15)
+    return _rows_of_bytes(x, _f16_bytes(d), _f16_bytes(low), _nibbles(q))
+
+
+GGUF_QUANTIZERS = {"Q8_0": quantize_q8_0, "Q4_0": quantize_q4_0, "Q4_1": quantize_q4_1}
+
+
+def quantize_gguf(x: Tensor, type_name: str) -> Tensor:
+    """``x`` in one of GGUF's types (``"F32"``, ``"F16"``, ``"BF16"``, ``"Q8_0"``,
+    ``"Q4_0"``, ``"Q4_1"``), as the raw bytes a GGUF file stores: uint8 ``(..., bytes per
+    row)``."""
+    _checks.check_choice("type_name", type_name, ("F32", "F16", "BF16", *GGUF_QUANTIZERS))
+    if type_name in GGUF_QUANTIZERS:
+        return GGUF_QUANTIZERS[type_name](x)
+    _checks.check_float_tensor("x", x, min_ndim=1)
+    dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[type_name]
+    values = x.detach().to(dtype).contiguous()
+    return values.view(torch.uint8).reshape(*x.shape[:-1], -1)
+
+
+def _gguf_blocks(x: Tensor, type_name: str) -> Tensor:
+    """``x`` as float32 blocks ``(n_blocks, 32)``, after the checks every format shares."""
+    _checks.check_float_tensor("x", x, min_ndim=1)
+    if x.shape[-1] % BLOCK_SIZE:
+        raise ValueError(f"{type_name} stores rows in blocks of {BLOCK_SIZE} values; a row of "
+                         f"x has {x.shape[-1]}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"x holds NaN or inf, which {type_name} cannot store")
+    return x.detach().float().reshape(-1, BLOCK_SIZE)
+
+
+def _inverse(d: Tensor) -> Tensor:
+    """``1 / d``, and 0 where ``d`` is 0 (a block of zeros stores zeros)."""
+    return torch.where(d == 0, torch.zeros_like(d), 1 / d)
+
+
+def _round_half_away(v: Tensor) -> Tensor:
+    """Round to the nearest whole number, halves away from zero (C's ``roundf``)."""
+    a = v.abs()
+    whole = torch.floor(a)
+    return torch.sign(v) * (whole + torch.floor(2 * (a - whole)))
+
+
+def _f16_bytes(v: Tensor) -> Tensor:
+    """Each value of ``(n_blocks, 1)`` as float16: ``(n_blocks, 2)`` bytes."""
+    return v.to(torch.float16).view(torch.uint8)
+
+
+def _nibbles(q: Tensor) -> Tensor:
+    """Blocks of 32 values in 0..15 as 16 bytes each: values 0-15 low, 16-31 high."""
+    q = q.to(torch.uint8)
+    return q[:, :16] | (q[:, 16:] << 4)
+
+
+def _rows_of_bytes(x: Tensor, *parts: Tensor) -> Tensor:
+    return torch.cat(parts, dim=-1).reshape(*x.shape[:-1], -1)

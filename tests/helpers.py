@@ -1,0 +1,66 @@
+"""What many test modules share: one thread per module, running the command line in-process,
+parameters moved off their initial values, and tiny models. (pytest puts this folder on
+``sys.path``: ``from helpers import one_thread, run``. A fixture imported into a module is that
+module's fixture.)"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from minitransformer import GPT, GPTConfig, Llama, LlamaConfig
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The module runs on one thread, and gives the thread count back after: tiny models run
+    fastest so, a busy machine cannot slow them by making two threads wait for each other, and
+    runs compare bit for bit with subprocesses started with OMP_NUM_THREADS=1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(*argv) -> tuple[int, str, str]:
+    """``python -m minitransformer ARGV`` in this process: its exit status, stdout, stderr."""
+    from minitransformer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main([str(a) for a in argv])
+    return status, out.getvalue(), err.getvalue()
+
+
+def perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter moved off its initial value, in eval mode: norms start at 1 and biases
+    at 0, so a norm or bias mapped to the wrong tensor would pass unperturbed. Draws from its
+    own generator, not PyTorch's global one."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return model.eval()
+
+
+TINY_GPT = dict(vocab_size=13, context_length=40, num_layers=2, num_heads=2, d_model=16)
+TINY_LLAMA = dict(vocab_size=13, context_length=40, num_layers=2, num_heads=4, num_kv_heads=2,
+                  d_model=16)
+
+
+def tiny_gpt(*, seed: int = 0, dtype: torch.dtype | None = None, **changes) -> GPT:
+    """A GPT of :data:`TINY_GPT`'s sizes (``changes`` replace them), drawn after
+    ``torch.manual_seed(seed)``, in eval mode."""
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**TINY_GPT | changes), dtype=dtype).eval()
+
+
+def tiny_llama(*, seed: int = 0, dtype: torch.dtype | None = None, **changes) -> Llama:
+    """A Llama of :data:`TINY_LLAMA`'s sizes (grouped-query attention; ``changes`` replace
+    them), drawn after ``torch.manual_seed(seed)``, in eval mode."""
+    torch.manual_seed(seed)
+    return Llama(LlamaConfig(**TINY_LLAMA | changes), dtype=dtype).eval()

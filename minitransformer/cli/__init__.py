@@ -31,10 +31,10 @@ __all__ = ["CommandLineError", "build_parser", "main"]
 COMMANDS = (
     ("prepare", prepare, "tokenize text once into a directory that train --data reads"),
     ("train", train, "train a GPT on a UTF-8 text file"),
-    ("generate", generate, "continue a prompt with a trained model"),
+    ("generate", generate, "continue a prompt with a trained model, or SmolLM2 (the default)"),
     ("finetune", finetune, "fine-tune a trained model on conversations (JSONL), in full or LoRA"),
     ("dpo", dpo, "preference optimisation (DPO) on chosen/rejected pairs (JSONL)"),
-    ("chat", chat, "talk with a fine-tuned model"),
+    ("chat", chat, "talk with a fine-tuned model, or SmolLM2 (the default)"),
     ("serve", serve, "serve a model over HTTP, as OpenAI's API (chapter 18)"),
     ("convert", convert, "pytorch_model.bin -> model.safetensors"),
     ("download", download, "download a pretrained model into the cache"),

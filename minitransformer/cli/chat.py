@@ -1,4 +1,5 @@
-"""``minitransformer chat``: talk with a fine-tuned model (chapter 16).
+"""``minitransformer chat``: talk with a fine-tuned model (chapter 16), or with a GGUF file's
+model, SmolLM2-135M-Instruct when no ``--model`` is given (chapter 19).
 
 Each line of standard input is a user turn; ``/exit`` or the end of the input ends the chat. The
 whole conversation so far goes through the chat template with the generation prompt, and the

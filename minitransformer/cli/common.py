@@ -63,6 +63,7 @@ def whole_number(least: int, most: int | None = None, *, most_as: str | None = N
 
 
 positive = whole_number(1)
+nonnegative = whole_number(0)
 #: ``--seed``: a whole number that ``torch.manual_seed`` takes, 0 to 2**63 - 1.
 seed = whole_number(0, 2 ** 63 - 1, most_as="2**63 - 1")
 

@@ -78,8 +78,8 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
 
     Each file is encoded on its own, cut at places where the ids cannot change
     (:meth:`~minitransformer.bpe.BPETokenizer.encode_iterable`'s rule), in ``workers``
-    processes (default, and at most: the cores), by the tokenizer itself: Hugging Face ``tokenizers``, read
-    from the same files, gives the same ids (tested) but was no faster per core
+    processes (default, and at most: the cores), by the tokenizer itself: Hugging Face
+    ``tokenizers``, read from the same files, gives the same ids (tested) but was no faster per core
     (``benchmarks/prepare.py``), so the package does not use it.
 
     The last ``val_fraction`` of the bytes (from the last safe cut before that point) is

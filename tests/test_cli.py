@@ -28,7 +28,7 @@ PYTHON = sys.executable
 #: The test model: 35k parameters, 30 steps of 8 windows of 16 tokens.
 TINY = ["--steps", "30", "--batch-size", "8", "--context-length", "16", "--num-layers", "2",
         "--num-heads", "2", "--d-model", "32", "--vocab-size", "300", "--lr", "1e-2",
-        "--save-every", "10", "--eval-every", "10", "--no-progress", "--device", "cpu",
+        "--save-every", "10", "--log-every", "10", "--no-progress", "--device", "cpu",
         "--threads", "1"]
 
 
@@ -157,6 +157,14 @@ def test_generate_with_a_seed_repeats_its_sample(tiny_run):
             "--temperature", "1.0", "--top-k", "50")
     first, again = run(*argv, "--seed", "3"), run(*argv, "--seed", "3")
     assert first[0] == 0 and first == again
+    # streamed token by token, the sample is generate's with that seed, bit for bit
+    from minitransformer.generation import generate
+    tokenizer = BPETokenizer.from_pretrained(tiny_run[0])
+    ids = torch.tensor([tokenizer.encode("The")])
+    sample = generate(GPT.from_pretrained(tiny_run[0]), ids, 12, temperature=1.0, top_k=50,
+                      generator=torch.Generator().manual_seed(3))
+    assert first[1] == tokenizer.decode(sample[0].tolist()) + "\n"
+    assert run(*argv, "--seed", "4")[1] != first[1]
 
 
 @pytest.fixture
@@ -176,7 +184,7 @@ def bad_inputs(data, tiny_run, tmp_path) -> dict[str, tuple[list, str]]:
                                           "is not UTF-8"),
         "heads that do not divide the width": ([*new, "--num-heads", "3"],
                                                "--num-heads 3 does not divide --d-model 32"),
-        "--steps 0": ([*new, "--steps", "0"], "--steps: must be at least 1"),
+        "--steps 0": ([*new, "--steps", "0"], "--steps: must be a whole number at least 1"),
         "a batch not divisible by grad-accum": ([*new, "--grad-accum", "3"],
                                                 "--batch-size 8 is not divisible"),
         "a missing model directory": (["generate", "--model", tmp_path / "none", "--prompt",

@@ -110,11 +110,12 @@ def test_a_reply_is_printed_as_it_comes_in_whole_characters(monkeypatch):
     out = Recorder()
     seen = []
 
-    def scripted(model, idx, n, **options):
-        seen.append(out.getvalue())            # what was printed before this token
-        return torch.cat([idx, torch.tensor([[next(script)]])], dim=1)
+    def scripted(model, ids, n, **options):
+        for token in script:
+            seen.append(out.getvalue())        # what was printed before this token
+            yield token
 
-    monkeypatch.setattr(chat_command, "generate", scripted)
+    monkeypatch.setattr(chat_command, "stream_tokens", scripted)
     monkeypatch.setattr(sys, "stdout", out)
     model = GPT(GPTConfig(vocab_size=len(tokenizer), context_length=16, num_layers=1,
                           num_heads=1, d_model=4))

@@ -261,7 +261,7 @@ def test_a_damaged_training_state_is_one_line(data, tmp_path, damage):
 
 
 @pytest.mark.parametrize("key, value", [("num_heads", 0), ("dtype", "float16"),
-                                        ("arch", "bert")])
+                                        ("arch", "bert"), ("n_embd", 64)])
 def test_a_hand_edited_flag_in_training_state_is_one_line(data, tmp_path, key, value):
     out = tmp_path / "run"
     assert run("train", "--data", data, "--out", out, *TINY, "--steps", "1")[0] == 0

@@ -78,6 +78,57 @@ def test_what_convert_refuses_is_one_line(tmp_path, content, words):
     assert "pwned" not in stdout and not (tmp_path / "model.safetensors").exists()
 
 
+def write_damaged(path: Path, kind: str) -> None:
+    """A pytorch_model.bin that torch.load(weights_only=True) cannot read, or reads into what
+    safetensors cannot store (each was a traceback, or torch's warning, before issue 40)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # torch warns of CSR tensors when saving
+        if kind == "sparse_csr":
+            torch.save({"w": torch.eye(3).to_sparse_csr()}, path)
+        elif kind == "sparse_coo":
+            torch.save({"w": torch.eye(3).to_sparse()}, path)
+        elif kind == "nested":
+            torch.save({"w": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, path)
+        elif kind == "legacy storage":
+            torch.save({"w": torch.ones(2).untyped_storage()}, path,
+                       _use_new_zipfile_serialization=False)
+        elif kind == "truncated":
+            torch.save({"w": torch.ones(2000)}, path)
+            path.write_bytes(path.read_bytes()[:4000])
+        else:
+            path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("sparse_csr", "holds 'w': a sparse_csr tensor; safetensors stores dense tensors only"),
+    ("sparse_coo", "holds 'w': a sparse_coo tensor"),
+    ("nested", "holds 'w': a nested tensor"),
+    ("legacy storage", "cannot be read with torch.load(weights_only=True)"),
+    ("truncated", "cannot be read with torch.load(weights_only=True)"),
+    ("empty", "cannot be read with torch.load(weights_only=True), which runs no code from the "
+              "file: EOFError"),
+])
+def test_a_damaged_or_unstorable_file_is_one_line(tmp_path, kind, words):
+    write_damaged(tmp_path / "pytorch_model.bin", kind)
+    status, stdout, stderr = run("convert", tmp_path)
+    assert status == 2 and stderr.count("\n") == 1 and words in stderr, stderr
+    assert "\x1b" not in stderr and not (tmp_path / "model.safetensors").exists()
+
+
+def test_torchs_warning_is_not_printed_before_the_refusal(tmp_path):
+    """Loading a CSR tensor makes torch warn ("Sparse CSR tensor support is in beta state"),
+    two lines on stderr before the refusal: silenced, even where warnings are always shown."""
+    write_damaged(tmp_path / "pytorch_model.bin", "sparse_csr")
+    result = subprocess.run([sys.executable, "-m", "minitransformer", "convert", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "PYTHONPATH": str(ROOT),
+                                 "PYTHONWARNINGS": "always", "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Warning" not in result.stderr, result.stderr
+    assert result.stderr.startswith("minitransformer: error: ")
+
+
 def test_convert_runs_as_a_program(gpt2_bin):
     folder, _ = gpt2_bin
     result = subprocess.run([sys.executable, "-m", "minitransformer", "convert", str(folder)],

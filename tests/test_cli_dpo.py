@@ -6,6 +6,7 @@ bit; one-line refusals."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -79,7 +80,8 @@ def test_help_lists_every_flag():
     status, stdout, _ = run("dpo", "--help")
     assert status == 0
     for flag in ("--model", "--data", "--out", "--beta", "--steps", "--lr", "--batch-size",
-                 "--seed", "--lora-rank", "--resume", "--save-every", "--log-every"):
+                 "--seed", "--lora-rank", "--lora-alpha", "--lora-targets", "--merge",
+                 "--resume", "--save-every", "--log-every", "--threads"):
         assert flag in stdout, flag
 
 
@@ -140,6 +142,38 @@ def test_lora_writes_a_merged_model_transformers_loads(llama_base, data, tmp_pat
         assert (base(idx)[0] - expected).abs().max() > 1e-4          # it trained
     changed = [k for k, v in ours.state_dict().items() if not torch.equal(v, base.state_dict()[k])]
     assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed)
+
+
+def test_lora_alpha_targets_and_merge_are_finetune_s(gpt_base, data, tmp_path):
+    """--lora-alpha and --lora-targets reach LoRA (the weights equal TrainingLoop's on a policy
+    with those LoRA layers, merged), and --merge also writes DIR/merged/, as finetune does."""
+    out = tmp_path / "lora"
+    status, stdout, stderr = run("dpo", "--model", gpt_base, "--data", data / "pairs.jsonl",
+                                 "--out", out, *QUICK, "--lora-rank", "2", "--lora-alpha", "8",
+                                 "--lora-targets", "out_proj", "--merge")
+    assert status == 0, stderr
+    assert "LoRA of rank 2 on out_proj" in stdout and f"{out / 'merged'}" in stdout
+    from minitransformer.lora import add_lora, merge_lora
+
+    pairs = [json.loads(line) for line in (data / "pairs.jsonl").read_text().splitlines()]
+    tokenizer = BPETokenizer.from_pretrained(gpt_base)
+    torch.manual_seed(0)
+    reference = GPT.from_pretrained(gpt_base)
+    policy = copy.deepcopy(reference)
+    add_lora(policy, r=2, alpha=8.0, targets=["out_proj"])
+    model = DPO(policy, reference, beta=0.5)
+    batches = dpo_batches(tokenizer, pairs, batch_size=4, context_length=64,
+                          generator=torch.Generator().manual_seed(0))
+    TrainingLoop(model, make_optimizer(model, 1e-2, 0.0), steps=6, lr=1e-2,
+                 warmup_steps=1).run(batches)
+    expected = merge_lora(policy).state_dict()
+    assert equal(GPT.from_pretrained(out).state_dict(), expected)
+    assert equal(GPT.from_pretrained(out / "merged").state_dict(), expected)
+    base = GPT.from_pretrained(gpt_base).state_dict()
+    changed = [k for k, v in expected.items() if not torch.equal(v, base[k])]
+    assert changed and all("out_proj" in k for k in changed)
+    saved = json.loads((out / "ckpt-6" / "training_state.json").read_text())["args"]
+    assert (saved["lora_alpha"], saved["lora_targets"]) == (8.0, ["out_proj"])
 
 
 def test_interrupted_then_resumed_is_bit_identical(gpt_base, data, tmp_path, monkeypatch):
@@ -288,7 +322,8 @@ REFUSALS = {
 @pytest.mark.parametrize("name", [*REFUSALS, "not utf-8", "no such file", "no such model",
                                   "not a model", "an adapter", "no chat format", "beta 0",
                                   "beta -1", "beta nan", "beta inf", "beta 1e300", "lr 0",
-                                  "no model",
+                                  "no model", "lora-alpha 0", "lora-alpha without a rank",
+                                  "merge without a rank", "lora-targets nowhere",
                                   "out is a file", "out not empty", "seed -1",
                                   "seed 100000000000000000000000"])
 def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_path):
@@ -322,9 +357,19 @@ def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_
         extra, words = ["--seed", name.split()[1]], "--seed: must be a whole number from 0 to"
     elif name == "beta 1e300":
         extra, words = ["--beta", "1e300"], "--beta 1e+300 is past float32's largest number"
+    elif name in ("beta nan", "beta inf"):
+        extra, words = ["--beta", name.split()[1]], "--beta: must be a number, got"
     elif name.startswith(("beta", "lr")):
         flag, value = name.split()
         extra, words = [f"--{flag}", value], f"--{flag} must be positive, got"
+    elif name == "lora-alpha 0":
+        extra, words = ["--lora-rank", "2", "--lora-alpha", "0"], "--lora-alpha must be positive"
+    elif name.endswith("without a rank"):
+        flag = "--" + name.split()[0]
+        extra = [flag, "4"] if flag == "--lora-alpha" else [flag]
+        words = f"{flag} needs --lora-rank R"
+    elif name == "lora-targets nowhere":
+        extra, words = ["--lora-rank", "2", "--lora-targets", "nowhere"], "--lora-targets nowhere"
     elif name == "no model":
         model, words = None, "dpo needs --model"
     elif name == "out is a file":

@@ -74,7 +74,8 @@ def test_under_torchrun_a_bad_flag_is_printed_once(tmp_path):
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert result.returncode != 0
-    assert result.stderr.count("--steps: must be at least 1") == 1, result.stderr[-2000:]
+    assert result.stderr.count("--steps: must be a whole number at least 1") == 1, \
+        result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("argv", [["train", "--dat", "x.txt", "--out", "o"],
@@ -83,4 +84,80 @@ def test_an_abbreviated_flag_is_refused_not_guessed(tmp_path, argv):
     """argparse would read --dat as --data: a misspelt flag must not silently run."""
     status, _, stderr = run(*argv)
     assert status == 2 and "\n" not in stderr.strip(), stderr
-    assert "unrecognized arguments: --dat" in stderr or "required: --model" in stderr, stderr
+    assert f"unrecognized arguments: {argv[1]}" in stderr, stderr
+
+
+# ----- one set of flags and words across commands (issue 40) -----------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["train", "--out", "o", "--steps", "0"],
+     "--steps: must be a whole number at least 1, got '0'"),
+    (["train", "--out", "o", "--steps", "2.5"],
+     "--steps: must be a whole number at least 1, got '2.5'"),
+    (["finetune", "--out", "o", "--log-every", "x"],
+     "--log-every: must be a whole number at least 1, got 'x'"),
+    (["dpo", "--out", "o", "--lora-rank", "-2"],
+     "--lora-rank: must be a whole number at least 1, got '-2'"),
+    (["generate", "--model", "m", "--prompt", "a", "--max-new-tokens", "0"],
+     "--max-new-tokens: must be a whole number at least 1, got '0'"),
+    (["chat", "--model", "m", "--max-new-tokens", "0"],
+     "--max-new-tokens: must be a whole number at least 1, got '0'"),
+    (["chat", "--model", "m", "--top-k", "0"], "--top-k: must be a whole number at least 1"),
+    (["chat", "--model", "m", "--threads", "٣"], "--threads: must be a whole number at least 1"),
+    (["generate", "--model", "m", "--prompt", "a", "--seed", "-1"],
+     "--seed: must be a whole number from 0 to 2**63 - 1, got '-1'"),
+    (["prepare", "--data", "d", "--out", "o", "--seed", str(2 ** 63)],
+     "--seed: must be a whole number from 0 to 2**63 - 1"),
+    (["generate", "--model", "m", "--prompt", "a", "--temperature", "-1"],
+     "--temperature: must be a number at least 0 (0 is greedy), got '-1'"),
+    (["chat", "--model", "m", "--temperature", "nan"],
+     "--temperature: must be a number, got 'nan'"),
+    (["dpo", "--out", "o", "--beta", "inf"], "--beta: must be a number, got 'inf'"),
+])
+def test_a_bad_number_is_refused_in_the_same_words_by_every_command(argv, words):
+    status, stdout, stderr = run(*argv)
+    assert status == 2 and stdout == "" and stderr.count("\n") == 1, stderr
+    assert words in stderr, stderr
+
+
+def parse(*argv):
+    from minitransformer.cli import build_parser
+    return build_parser().parse_args([str(a) for a in argv])
+
+
+def test_generate_and_chat_sample_alike_by_default():
+    generate = parse("generate", "--model", "m", "--prompt", "a")
+    chat = parse("chat", "--model", "m")
+    for key in ("temperature", "top_k", "seed", "max_new_tokens", "threads", "device"):
+        assert getattr(generate, key) == getattr(chat, key), key
+    assert generate.temperature == 0.8 and generate.top_k is None
+    assert parse("chat", "--model", "m", "--top-k", "5").top_k == 5
+
+
+@pytest.mark.parametrize("command", ["train", "finetune", "dpo"])
+def test_the_training_commands_share_their_flags_and_words(command):
+    status, stdout, _ = run(command, "--help")
+    assert status == 0
+    for flag in ("--out", "--steps", "--lr", "--batch-size", "--seed", "--log-every",
+                 "--save-every", "--resume", "--no-progress", "--device", "--threads"):
+        assert flag in stdout, flag
+    assert "--eval-every" not in stdout                     # train's old name: hidden
+    assert ("--lora-rank" in stdout) == (command != "train")
+    if command != "train":
+        for flag in ("--lora-alpha", "--lora-targets", "--merge", "--model", "--data"):
+            assert flag in stdout, flag
+    given = parse(command, "--out", "o", "--eval-every", "7")  # the old spelling still works
+    assert given.log_every == 7 and parse(command, "--out", "o", "--log-every", "7") == given
+
+
+def test_every_command_declares_its_flags_in_its_own_module():
+    from minitransformer.cli import COMMANDS, build_parser
+
+    names = [name for name, _, _ in COMMANDS]
+    assert names == ["prepare", "train", "generate", "finetune", "dpo", "chat", "serve",
+                     "convert", "download"]
+    for name, module, _ in COMMANDS:
+        assert callable(module.add_arguments) and callable(module.run), name
+    status, stdout, _ = run("--help")
+    assert status == 0 and all(name in stdout for name in names)
+    assert build_parser().parse_args(["download", "smollm2"]).name == "smollm2"

@@ -60,6 +60,16 @@ def test_a_directory_without_a_model_is_refused(capsys, tmp_path):
     assert refused(capsys, "--model", tmp_path, "--port", 0)
 
 
+def test_a_gguf_file_is_loaded_as_chat_and_generate_load_it(capsys, tmp_path):
+    """serve's --model goes through common.load_model: a .gguf file is read as one (a damaged
+    one refused by name), a missing one refused in the same words as chat's."""
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"GGUF" + bytes(20))
+    assert f"--model {fake}: {fake} is GGUF version 0" in refused(capsys, "--model", fake,
+                                                                   "--port", 0)
+    assert "no such directory or .gguf file" in refused(capsys, "--model", tmp_path / "x.gguf")
+
+
 def test_a_port_in_use_is_refused_by_number(capsys, model_dir):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -70,4 +70,4 @@ def test_the_run_prints_its_threads_uses_them_and_gives_them_back(tmp_path, monk
     assert "the run began with 2 threads per process, now 1" in stdout
     status, _, stderr = run("train", "--data", data, "--out", tmp_path / "b", *TINY,
                             "--threads", "0")
-    assert status == 2 and "--threads: must be at least 1" in stderr
+    assert status == 2 and "--threads: must be a whole number at least 1" in stderr

@@ -1,60 +1,74 @@
-"""``minitransformer chat``: talk with a fine-tuned model (chapter 16).
+"""``minitransformer chat``: talk with a fine-tuned model (chapter 16), or with a GGUF file's
+model, SmolLM2-135M-Instruct when no ``--model`` is given (chapter 19).
 
 Each line of standard input is a user turn; ``/exit`` or the end of the input ends the chat. The
 whole conversation so far goes through the chat template with the generation prompt, and the
-reply is generated one token at a time and printed as it comes, up to the end-of-turn token.
-A token can end in the middle of a character: the bytes go through an incremental UTF-8
-decoder, which prints a character once all its bytes are there.
+reply is generated from one KV cache (:func:`~minitransformer.generation.stream_tokens`) and
+printed as it comes, whole characters only, up to the end-of-turn token.
 """
 
 from __future__ import annotations
 
 import argparse
-import codecs
 import sys
-from pathlib import Path
 
 import torch
 
-from minitransformer import checkpoints
 from minitransformer.bpe import BPETokenizer
-from minitransformer.chat import CHAT_TOKENS, apply_chat_template
-from minitransformer.cli.common import CommandLineError, chat_tokens_of, device, model_class
-from minitransformer.generation import generate
-from minitransformer.lora import ADAPTER_CONFIG_FILE, load_adapter
+from minitransformer.chat import apply_chat_template, stop_token_ids
+from minitransformer.cli.common import (
+    DEFAULT_MODEL,
+    CommandLineError,
+    add_model_flags,
+    add_sampling_flags,
+    chat_tokens_of,
+    device,
+    load_model,
+    print_stream,
+    using_threads,
+)
+from minitransformer.generation import stream_tokens
 
 EXIT = "/exit"
+#: the longest reply when --max-new-tokens is not given (shorter where the context ends)
+MAX_NEW_TOKENS = 512
 
 
-def load(folder: Path, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
-    """The model and tokenizer of a model directory, or of a LoRA adapter directory that
-    ``finetune`` wrote (its base model, read from ``base_model_name_or_path``, with the
-    adapter)."""
-    tokenizer = BPETokenizer.from_pretrained(folder)
-    chat_tokens_of(tokenizer, str(folder))
-    adapter = folder / ADAPTER_CONFIG_FILE
-    if adapter.is_file() and not (folder / "config.json").is_file():
-        base = checkpoints.read_json(adapter).get("base_model_name_or_path")
-        if not isinstance(base, str) or not Path(base).is_dir():
-            raise CommandLineError(f"{adapter}: its base model {base!r} is not a directory "
-                                   f"here")
-        model = model_class(Path(base)).from_pretrained(base, device=where)
-        load_adapter(model, folder)
-    else:
-        model = model_class(folder).from_pretrained(folder, device=where)
-    return model, tokenizer
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "An interactive chat: each line of standard input is a user turn (/exit or the end of "
+        "input ends the chat); the reply is streamed as it is generated, and the conversation "
+        "is kept.")
+    parser.add_argument("--system", metavar="TEXT", help="a system message that begins the "
+                        "conversation")
+    add_model_flags(parser, "a model with a chat format: a model directory with the chat "
+                    "tokens (finetune's --out, its merged/, or a LoRA adapter it wrote), or a "
+                    f".gguf file with a chat template {DEFAULT_MODEL}", metavar="DIR|FILE.gguf")
+    add_sampling_flags(parser, length=f"the longest reply (default {MAX_NEW_TOKENS}, or as "
+                       f"many as the model's context leaves)")
 
 
 def run(args: argparse.Namespace) -> int:
-    folder = Path(args.model)
-    if not folder.is_dir():
-        raise CommandLineError(f"--model {args.model}: no such directory")
-    if not args.temperature >= 0:
-        raise CommandLineError(f"--temperature must be 0 or more, got {args.temperature}")
     where = device(args.device)
-    model, tokenizer = load(folder, where)
-    model.eval()
-    stops = {tokenizer.special_tokens[t] for t in CHAT_TOKENS}   # <|end|>, or any marker
+    with using_threads(args.threads):
+        model, tokenizer = load_model(args.model, where)
+        return _converse(model, tokenizer, _stops(tokenizer, args.model), args, where)
+
+
+def _stops(tokenizer: BPETokenizer, model: str | None) -> set[int]:
+    """The tokens that end a reply: the end-of-turn token (``<|end|>``, SmolLM2's
+    ``<|im_end|>``) and every other special token; refused where there is no chat format."""
+    try:
+        return set(stop_token_ids(tokenizer))
+    except ValueError as exc:
+        if tokenizer.chat_template is None:
+            chat_tokens_of(tokenizer, str(model))       # the refusal naming what is missing
+        raise CommandLineError(f"--model {model}: {exc}") from None
+
+
+def _converse(model: torch.nn.Module, tokenizer: BPETokenizer, stops: set[int],
+              args: argparse.Namespace, where: torch.device) -> int:
+    """Read a turn, stream the reply, keep both; until /exit or the end of the input."""
     messages = [{"role": "system", "content": args.system}] if args.system else []
     generator = torch.Generator(where).manual_seed(args.seed)
     context = model.config.context_length
@@ -73,26 +87,17 @@ def run(args: argparse.Namespace) -> int:
         if len(ids) >= context:
             raise CommandLineError(f"the conversation is now {len(ids)} tokens, the model's "
                                    f"context {context}: no room for a reply (start a new chat)")
-        reply = _stream(model, tokenizer, ids, min(args.max_new_tokens, context - len(ids)),
-                        args.temperature, generator, stops)
+        limit = min(args.max_new_tokens or MAX_NEW_TOKENS, context - len(ids))
+        reply = _stream(model, tokenizer, ids, limit, args.temperature, generator, stops,
+                        top_k=args.top_k)
         messages.append({"role": "assistant", "content": reply})
 
 
 def _stream(model: torch.nn.Module, tokenizer: BPETokenizer, ids: list[int], limit: int,
-            temperature: float, generator: torch.Generator, stops: set[int]) -> str:
-    """Generate up to ``limit`` tokens after ``ids``, printing each as it comes, until a chat
-    token (``<|end|>``); the reply's text."""
-    idx = torch.tensor([ids], device=generator.device)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    pieces = []
-    for _ in range(limit):
-        idx = generate(model, idx, 1, temperature=temperature, generator=generator)
-        token = idx[0, -1].item()
-        if token in stops:
-            break
-        pieces.append(decoder.decode(tokenizer.token_bytes(token)))
-        print(pieces[-1], end="", flush=True)
-    pieces.append(decoder.decode(b"", final=True))
-    print(pieces[-1], flush=True)
-    return "".join(pieces)
-
+            temperature: float, generator: torch.Generator, stops: set[int], *,
+            top_k: int | None = None) -> str:
+    """Generate up to ``limit`` tokens after ``ids`` from one KV cache, printing each as it
+    comes, until a token of ``stops``; the reply's text."""
+    tokens = stream_tokens(model, ids, limit, temperature=temperature, top_k=top_k,
+                           stop_ids=stops, generator=generator)
+    return print_stream(tokens, tokenizer, stops=stops)

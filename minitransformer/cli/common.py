@@ -1,5 +1,6 @@
-"""What every command shares: refusals, devices, processes, the model classes, and what the
-training commands (``train``, ``finetune``) share: the run directory, threads, checkpoints.
+"""What every command shares: refusals, the groups of flags that several commands declare (one
+name, one meaning, one wording), devices, processes, loading a model, printing a stream of
+tokens; and what the training commands share: the run directory, threads, checkpoints.
 
 Bad input raises :class:`CommandLineError` (or ``ValueError``/``TypeError``/``OSError`` from the
 package); :func:`minitransformer.cli.main` prints it as one line on stderr and exits with 2.
@@ -8,17 +9,20 @@ package); :func:`minitransformer.cli.main` prints it as one line on stderr and e
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from minitransformer import checkpoints  # by the module: tests replace its functions
-
 from minitransformer.device import default_device
 from minitransformer.models import ARCHITECTURES, architecture_for
 
@@ -44,21 +48,117 @@ class Parser(argparse.ArgumentParser):
         raise CommandLineError(f"{self.prog}: {message} (see --help)")
 
 
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def whole_number(least: int, most: int | None = None, *, most_as: str | None = None):
+    """The type of an integer flag from ``least`` (to ``most``, written ``most_as``): its
+    refusals share one wording, ``must be a whole number at least 1, got '0'``."""
+    bounds = f"at least {least}" if most is None else f"from {least} to {most_as or most}"
+
+    def check(text: str) -> int:
+        digits = text.strip()
+        value = int(digits) if digits.lstrip("+-").isdigit() and digits.isascii() else None
+        if value is None or value < least or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(f"must be a whole number {bounds}, got {text!r}")
+        return value
+    return check
 
 
-def nonnegative(text: str) -> int:
-    value = int(text) if text.lstrip("-").isdigit() else None
-    if value is None or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
-    return value
+positive = whole_number(1)
+nonnegative = whole_number(0)
+#: ``--seed``: a whole number that ``torch.manual_seed`` takes, 0 to 2**63 - 1.
+seed = whole_number(0, 2 ** 63 - 1, most_as="2**63 - 1")
+
+
+# ----- the flags that commands share: one name, one meaning, one wording ------------------------
+
+DEFAULT_DEVICE = "default: minitransformer.default_device()"
+THREADS = "CPU threads (default: OMP_NUM_THREADS, else the cores idle now)"
+#: generate's and chat's: sampling at 0.8 (the book's), the whole vocabulary unless --top-k
+TEMPERATURE = 0.8
+
+
+def add_model_flags(parser: argparse.ArgumentParser, model: str | None, *,
+                    metavar: str = "DIR", threads: str = THREADS) -> None:
+    """``--model`` (where ``model`` says what it is; none for ``train``), ``--device``,
+    ``--threads``."""
+    group = parser.add_argument_group("model and device")
+    if model is not None:
+        group.add_argument("--model", metavar=metavar, help=model)
+    group.add_argument("--device", help=f"cpu, cuda, cuda:1, ... ({DEFAULT_DEVICE})")
+    group.add_argument("--threads", type=positive, help=threads)
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser, *, length: str) -> None:
+    """``--max-new-tokens`` (``length`` says its default), ``--temperature``, ``--top-k``,
+    ``--seed``: the same for ``generate`` and ``chat``."""
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-new-tokens", type=positive, metavar="N", help=length)
+    group.add_argument("--temperature", type=temperature, default=TEMPERATURE,
+                       help=f"0 is greedy (default {TEMPERATURE})")
+    group.add_argument("--top-k", type=positive, metavar="K", help="sample among the K "
+                       "likeliest tokens only (default: all)")
+    group.add_argument("--seed", type=seed, default=0, help="makes sampling repeatable "
+                       "(default 0)")
+
+
+def add_schedule_flags(parser: argparse.ArgumentParser, *, batch: str, seeds: str,
+                       log_every: int, logged: str) -> argparse._ArgumentGroup:
+    """``--steps``, ``--lr``, ``--batch-size`` (``batch`` says of what), ``--seed`` (what it
+    ``seeds``), ``--log-every`` (``logged`` says what is printed; ``--eval-every``, train's old
+    name, is its hidden alias). Their defaults are the command's ``DEFAULTS``: None here, so that
+    ``--resume`` sees which were given. The group, for a command's own schedule flags."""
+    group = parser.add_argument_group("training schedule")
+    group.add_argument("--steps", type=positive, help="optimizer updates; with --resume, a "
+                       "larger number extends a run")
+    group.add_argument("--lr", type=number, help="peak learning rate")
+    group.add_argument("--batch-size", type=positive, help=batch)
+    group.add_argument("--seed", type=seed, help=seeds)
+    group.add_argument("--log-every", type=positive, default=log_every, metavar="N",
+                       help=f"steps between {logged} (default {log_every})")
+    group.add_argument("--eval-every", type=positive, dest="log_every",
+                       default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return group
+
+
+def add_checkpoint_flags(parser: argparse.ArgumentParser, *, out: str) -> None:
+    """``--out`` (``out`` says what it becomes), ``--save-every``, ``--resume``,
+    ``--no-progress``."""
+    group = parser.add_argument_group("run directory and checkpoints")
+    group.add_argument("--out", metavar="DIR", required=True, help=out)
+    group.add_argument("--save-every", type=positive, default=100, metavar="N", help="steps "
+                       "between checkpoints (default 100; the last step is always saved)")
+    group.add_argument("--resume", action="store_true", help="continue the run in --out from "
+                       "its last checkpoint")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_lora_flags(parser: argparse.ArgumentParser, *, targets: dict[str, list[str]],
+                   rank: str) -> None:
+    """``--lora-rank`` (``rank`` says what the run then writes), ``--lora-alpha``,
+    ``--lora-targets`` (default: ``targets`` by model class), ``--merge``."""
+    group = parser.add_argument_group("LoRA")
+    group.add_argument("--lora-rank", type=positive, metavar="R", help="train a LoRA adapter "
+                       f"of rank R instead of every weight: {rank}")
+    group.add_argument("--lora-alpha", type=number, metavar="A", help="LoRA's scale is A / R "
+                       "(default A = R)")
+    group.add_argument("--lora-targets", nargs="+", metavar="NAME", help="the linear layers "
+                       "LoRA wraps (default: " + "; ".join(
+                           f"{k}: {' '.join(v)}" for k, v in targets.items()) + ")")
+    group.add_argument("--merge", action="store_true", help="with --lora-rank: also write the "
+                       "merged model to DIR/merged/, a plain model directory")
+
+
+def check_lora_flags(args: argparse.Namespace, lora: bool) -> None:
+    """Refuse ``--lora-alpha``, ``--lora-targets`` or ``--merge`` in a run without LoRA."""
+    for key in ("lora_alpha", "lora_targets", "merge"):
+        if not lora and getattr(args, key) not in (None, False):
+            raise CommandLineError(f"--{key.replace('_', '-')} needs --lora-rank R (a run "
+                                   f"without it trains every weight)")
+
+
+def defaults_epilog(defaults: dict) -> str:
+    """``Defaults for a new run: --steps 300, ...``: a training command's --help epilog."""
+    return "Defaults for a new run: " + ", ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in defaults.items()) + "."
 
 
 def is_rank_zero() -> bool:
@@ -67,10 +167,23 @@ def is_rank_zero() -> bool:
 
 
 def number(text: str) -> float:
+    """The type of a real-valued flag: a finite number."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        value = None
+    if value is None or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}")
+    return value
+
+
+def temperature(text: str) -> float:
+    """``--temperature``: a finite number, 0 (greedy) or more."""
+    value = number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number at least 0 (0 is greedy), got "
+                                         f"{text!r}")
+    return value
 
 
 def device(name: str | None) -> torch.device:
@@ -155,6 +268,87 @@ def model_class(folder: Path) -> type:
     config = folder / "config.json"
     model_type = checkpoints.read_json(config).get("model_type") if config.is_file() else None
     return architecture_for(model_type).model
+
+
+#: --model's words where it may be left out: generate and chat then use SmolLM2
+DEFAULT_MODEL = ("(default: SmolLM2-135M-Instruct, the GGUF file that `python -m "
+                 "minitransformer download smollm2` puts in the cache)")
+
+
+def load_model(path: str | None, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
+    """The model and tokenizer of ``--model``: a model directory (``save_pretrained``'s), a
+    LoRA adapter directory that ``finetune`` wrote (its base model, read from
+    ``base_model_name_or_path``, with the adapter), or a llama.cpp ``.gguf`` file (a Llama,
+    dequantised to float32, and the tokenizer in its metadata). ``None``: SmolLM2-135M-Instruct
+    from the cache (:func:`minitransformer.pretrained.smollm2_path`), never the network."""
+    from minitransformer.bpe import BPETokenizer
+    from minitransformer.lora import ADAPTER_CONFIG_FILE, load_adapter
+
+    if path is None:
+        from minitransformer import pretrained
+        try:
+            path = str(pretrained.smollm2_path())
+        except FileNotFoundError as exc:
+            raise CommandLineError(f"no --model given, and the default model is not here: "
+                                   f"{exc}") from None
+    folder = Path(path)
+    if folder.is_file() and folder.suffix == ".gguf":
+        from minitransformer.llama import Llama
+        try:
+            tokenizer = BPETokenizer.from_gguf(folder)
+            model = Llama.from_gguf(folder, device=where)
+        except ValueError as exc:
+            raise CommandLineError(f"--model {path}: {exc}") from None
+        return model.eval(), tokenizer
+    if not folder.is_dir():
+        raise CommandLineError(f"--model {path}: no such directory or .gguf file")
+    adapter = folder / ADAPTER_CONFIG_FILE
+    if adapter.is_file() and not (folder / "config.json").is_file():
+        base = checkpoints.read_json(adapter).get("base_model_name_or_path")
+        if not isinstance(base, str) or not Path(base).is_dir():
+            raise CommandLineError(f"{adapter}: its base model {base!r} is not a directory "
+                                   f"here")
+        model = model_class(Path(base)).from_pretrained(base, device=where)
+        load_adapter(model, folder)
+    elif (folder / "config.json").is_file():
+        model = model_class(folder).from_pretrained(folder, device=where)
+    else:
+        raise CommandLineError(f"--model {path} is not a model directory: it has no "
+                               f"config.json (train, finetune and dpo write one)")
+    return model.eval(), BPETokenizer.from_pretrained(folder)
+
+
+def print_stream(tokens: Iterable[int], tokenizer: BPETokenizer, *,
+                 stops: Collection[int] = (), before: Sequence[int] = ()) -> str:
+    """Print the text of ``before``, then of each token of ``tokens`` as it comes, up to (not
+    including) a token of ``stops``, and a newline; the text printed, without the newline.
+
+    A token can end in the middle of a character: the bytes go through an incremental UTF-8
+    decoder, which prints a character once all its bytes are there (broken bytes print as
+    U+FFFD, as :meth:`BPETokenizer.decode` does)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [decoder.decode(tokenizer.decode_bytes(list(before)))]
+    print(pieces[-1], end="", flush=True)
+    for token in tokens:
+        if token in stops:
+            break
+        pieces.append(decoder.decode(tokenizer.token_bytes(token)))
+        print(pieces[-1], end="", flush=True)
+    pieces.append(decoder.decode(b"", final=True))
+    print(pieces[-1], flush=True)
+    return "".join(pieces)
+
+
+@contextlib.contextmanager
+def using_threads(given: int | None):
+    """Run the block on ``--threads`` CPU threads (:func:`threads`), giving torch's count back
+    after: ``main()`` may run inside a notebook or a test."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads(given)[0])
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # ----- what a training command shares (train, finetune) -----------------------------------------
@@ -352,15 +546,6 @@ def read_json_lines(path: str) -> tuple[list[tuple[int, object]], str]:
             raise CommandLineError(f"--data {path}:{n} is not JSON this program reads: it is "
                                    f"nested too deeply") from None
     return records, digest
-
-
-def seed(text: str) -> int:
-    """A ``--seed``: a whole number that ``torch.manual_seed`` takes, 0 to 2**63 - 1."""
-    value = int(text) if text.isdigit() else None
-    if value is None or value >= 2 ** 63:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 2**63 - 1, got "
-                                         f"{text!r}")
-    return value
 
 
 def resumed_run(out: Path, given: dict, check_state) -> tuple[dict, dict]:

@@ -28,20 +28,26 @@ from minitransformer import checkpoints
 from minitransformer.cli.common import (
     CommandLineError,
     Processes,
+    add_checkpoint_flags,
+    add_lora_flags,
+    add_model_flags,
+    add_schedule_flags,
+    check_lora_flags,
     check_new_out,
+    defaults_epilog,
     file_sha256,
     in_processes,
     load_chat_model,
+    number,
     read_json_lines,
     restore_checkpoint,
     resumed_run,
     save_checkpoint,
     set_threads,
 )
-from minitransformer.cli.finetune import LORA_TARGETS
+from minitransformer.cli.finetune import LORA_TARGETS, _add_lora, _write_merged
 from minitransformer.lora import (
     ADAPTER_CONFIG_FILE,
-    add_lora,
     merge_lora,
     trainable_parameters,
 )
@@ -57,9 +63,31 @@ from minitransformer.training import BAR_FORMAT, TrainingLoop, make_optimizer
 #: What a new run uses for a flag that is not given (beta: TRL's default).
 DEFAULTS = {"steps": 100, "batch_size": 8, "lr": 1e-4, "seed": 0, "beta": 0.1}
 #: Flags that decide the run: on --resume they come from the checkpoint.
-RUN_FLAGS = ("model", "data", *DEFAULTS, "lora_rank")
+RUN_FLAGS = ("model", "data", *DEFAULTS, "lora_rank", "lora_alpha", "lora_targets")
 #: The LoRA matrices' names in the checkpoint's training state.
 LORA_PREFIX = "lora."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Direct preference optimisation against a frozen copy of --model, on TRL's preference "
+        "format: one {\"prompt\": ..., \"chosen\": ..., \"rejected\": ...} per line, plain "
+        "strings or lists of messages. Prints the loss (ln 2 = 0.6931 at the first step) and "
+        "the reward accuracy; --out is a model directory transformers loads (with --lora-rank, "
+        "the adapter merged). Checkpoints and --resume work as for finetune.")
+    parser.epilog = defaults_epilog(DEFAULTS)
+    parser.add_argument("--data", metavar="FILE", help="the preference pairs, JSON lines")
+    parser.add_argument("--beta", type=number, help="how strongly the policy is held near "
+                        "the reference (> 0)")
+    add_checkpoint_flags(parser, out="the run's directory, a model directory")
+    add_schedule_flags(parser, batch="preference pairs per update", seeds="seeds the batches "
+                       "(and LoRA's A)", log_every=10, logged="the losses printed (the first "
+                       "step is always printed)")
+    add_lora_flags(parser, targets=LORA_TARGETS, rank="--out is still a model directory, the "
+                   "adapter merged into it")
+    add_model_flags(parser, "the starting policy and the reference: a directory written by "
+                    "train or finetune (its tokenizer has the chat tokens)",
+                    threads="CPU threads (as for train)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,9 +115,10 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[dict, dict | None]:
 
 
 def _check_values(given: dict) -> None:
-    for key in ("beta", "lr"):
+    for key in ("beta", "lr", "lora_alpha"):
         if key in given and not 0 < given[key] < math.inf:     # also refuses nan
-            raise CommandLineError(f"--{key} must be positive, got {given[key]}")
+            raise CommandLineError(f"--{key.replace('_', '-')} must be positive, got "
+                                   f"{given[key]}")
     largest = torch.finfo(torch.float32).max
     if given.get("beta", 0) > largest:
         raise CommandLineError(f"--beta {given['beta']} is past float32's largest number "
@@ -161,6 +190,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     out = Path(args.out)
     s, resumed = _settings(args, out)
     lora = s["lora_rank"] is not None
+    check_lora_flags(args, lora)
     pairs, digest = _read_pairs(s["data"])
     if resumed and digest != resumed["state"]["data_sha256"]:
         raise CommandLineError(f"--data {s['data']} changed since the run began (its SHA-256 "
@@ -184,11 +214,10 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     else:
         policy = copy.deepcopy(reference)
     if lora:
-        try:
-            add_lora(policy, r=s["lora_rank"], alpha=float(s["lora_rank"]),
-                     targets=LORA_TARGETS[type(policy).__name__])
-        except ValueError as exc:
-            raise CommandLineError(f"--lora-rank {s['lora_rank']}: {exc}") from None
+        if s.get("lora_alpha") is None:     # PEFT's r = alpha; runs before the flag: the same
+            s["lora_alpha"] = float(s["lora_rank"])
+        s["lora_targets"] = s.get("lora_targets") or LORA_TARGETS[type(policy).__name__]
+        _add_lora(policy, s)
         if resumed:
             _load_lora(policy, resumed["tensors"], resumed["folder"])
     context = policy.config.context_length
@@ -211,7 +240,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         out.mkdir(parents=True, exist_ok=True)
         trainable, total = trainable_parameters(policy)
         what = (f"LoRA of rank {s['lora_rank']} on "
-                f"{', '.join(LORA_TARGETS[type(policy).__name__])}" if lora else "every weight")
+                f"{', '.join(s['lora_targets'])}" if lora else "every weight")
         print(f"DPO of a {type(policy).__name__} against its frozen copy (beta {s['beta']}): "
               f"{trainable:,} of {total:,} parameters train ({what}), on {len(pairs):,} "
               f"preference pairs ({tokens:,} response tokens), {how}")
@@ -250,4 +279,6 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
               + (" (the LoRA adapter merged into it)" if lora else ""))
     else:
         print(f"the run in {out} is complete: {loop.step} of {s['steps']} steps")
+    if args.merge:
+        print(f"wrote the merged model also to {_write_merged(out, policy, tokenizer)}")
     return 0

@@ -29,14 +29,19 @@ from minitransformer.chat import encode_chat
 from minitransformer.cli.common import (
     CommandLineError,
     Processes,
+    add_checkpoint_flags,
+    add_lora_flags,
+    add_model_flags,
+    add_schedule_flags,
     check_new_out,
+    defaults_epilog,
     distributed,
     file_sha256,
     in_processes,
     load_chat_model,
     mean_over_ranks,
-    read_json_lines,
     model_class,
+    read_json_lines,
     restore_checkpoint,
     resumed_run,
     save_checkpoint,
@@ -64,6 +69,24 @@ LORA_TARGETS = {a.model.__name__: list(a.lora_targets) for a in ARCHITECTURES.va
 #: Flags that decide the run: on --resume they come from the checkpoint (as in ``train``).
 RUN_FLAGS = ("model", "data", *DEFAULTS, "lora_rank", "lora_alpha", "lora_targets")
 MERGED = "merged"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Supervised fine-tuning on conversations, one {\"messages\": [{\"role\": ..., "
+        "\"content\": ...}, ...]} per line (TRL's and OpenAI's format): the loss counts the "
+        "assistant's tokens and its end-of-turn token only. Checkpoints, --resume and torchrun "
+        "work as for train.")
+    parser.epilog = defaults_epilog(DEFAULTS)
+    parser.add_argument("--data", metavar="FILE", help="the conversations, JSON lines")
+    add_checkpoint_flags(parser, out="the run's directory: a model directory, or with "
+                         "--lora-rank a PEFT adapter")
+    add_schedule_flags(parser, batch="conversations per update, over all processes",
+                       seeds="seeds the batches (and LoRA's A)", log_every=10,
+                       logged="the training losses printed")
+    add_lora_flags(parser, targets=LORA_TARGETS, rank="--out is then a PEFT adapter")
+    add_model_flags(parser, "a directory written by train (its tokenizer has the chat "
+                    "tokens)", threads="CPU threads per process (as for train)")
 
 
 def run(args: argparse.Namespace) -> int:

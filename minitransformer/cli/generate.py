@@ -1,39 +1,56 @@
-"""``minitransformer generate``: continue a prompt with a directory that ``train`` wrote."""
+"""``minitransformer generate``: continue a prompt with a model directory (``train``'s,
+``finetune``'s or ``dpo``'s), printing the prompt, then each token as it comes."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from minitransformer import checkpoints
-from minitransformer.bpe import BPETokenizer
-from minitransformer.cli.common import CommandLineError, architecture, device
-from minitransformer.generation import generate
+from minitransformer.cli.common import (
+    DEFAULT_MODEL,
+    CommandLineError,
+    add_model_flags,
+    add_sampling_flags,
+    device,
+    load_model,
+    print_stream,
+    using_threads,
+)
+from minitransformer.generation import stream_tokens
+
+#: new tokens when --max-new-tokens is not given (fewer when the context has less room)
+MAX_NEW_TOKENS = 40
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Print the prompt and its continuation."
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    add_model_flags(parser, "a model directory (train's, finetune's or dpo's) or a .gguf file "
+                    + DEFAULT_MODEL, metavar="DIR|FILE.gguf")
+    add_sampling_flags(parser, length=f"the most new tokens (default {MAX_NEW_TOKENS}, or as "
+                       f"many as the model's context leaves after the prompt)")
 
 
 def run(args: argparse.Namespace) -> int:
-    folder = Path(args.model)
-    if not folder.is_dir():
-        raise CommandLineError(f"--model {args.model}: no such directory")
     where = device(args.device)
-    tokenizer = BPETokenizer.from_pretrained(folder)
-    config = folder / "config.json"
-    model_type = checkpoints.read_json(config).get("model_type") if config.is_file() else None
-    model_class = architecture("llama" if model_type == "llama" else "gpt")[0]
-    model = model_class.from_pretrained(folder, device=where)
-    ids = tokenizer.encode(args.prompt)
-    if not ids:
-        raise CommandLineError("--prompt is empty: give the text to continue")
-    generator = torch.Generator(where).manual_seed(args.seed)
-    room = model.config.context_length - len(ids)
-    if room < 0:
-        raise CommandLineError(f"--prompt is {len(ids)} tokens, more than the model's context "
-                               f"of {model.config.context_length}")
-    new_tokens = min(40, room) if args.max_new_tokens is None else args.max_new_tokens
-    idx = torch.tensor([ids], device=where)
-    out = generate(model, idx, new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   generator=generator)
-    print(tokenizer.decode(out[0].tolist()))
+    with using_threads(args.threads):
+        model, tokenizer = load_model(args.model, where)
+        ids = tokenizer.encode(args.prompt)
+        if not ids:
+            raise CommandLineError("--prompt is empty: give the text to continue")
+        context = model.config.context_length
+        if len(ids) > context:
+            raise CommandLineError(f"--prompt is {len(ids)} tokens, more than the model's "
+                                   f"context of {context}")
+        room = context - len(ids)
+        if args.max_new_tokens and args.max_new_tokens > room:
+            raise CommandLineError(f"--max-new-tokens {args.max_new_tokens}: the prompt's "
+                                   f"{len(ids)} tokens leave room for {room} in the model's "
+                                   f"context of {context}")
+        generator = torch.Generator(where).manual_seed(args.seed)
+        tokens = stream_tokens(model, ids, args.max_new_tokens or min(MAX_NEW_TOKENS, room),
+                               temperature=args.temperature, top_k=args.top_k,
+                               generator=generator) if room else ()
+        print_stream(tokens, tokenizer, before=ids)     # no stop: as serve's completions
     return 0

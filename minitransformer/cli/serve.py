@@ -19,18 +19,58 @@ from pathlib import Path
 import torch
 
 from minitransformer.bpe import BPETokenizer
-from minitransformer.chat import CHAT_TOKENS
-from minitransformer.cli.common import PROG, CommandLineError, device, model_class, threads
+from minitransformer.cli.common import (
+    PROG,
+    CommandLineError,
+    device,
+    load_model,
+    nonnegative,
+    positive,
+    threads,
+)
 
 GRACE_SECONDS = 30
 #: The environment variable that gives the API key when ``--api-key`` does not.
 API_KEY_VARIABLE = "MINITRANSFORMER_API_KEY"
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "An OpenAI-compatible server: POST /v1/chat/completions (the chat template) and "
+        "/v1/completions, streamed or not, GET /v1/models, and a chat page at /. Requests "
+        "share every forward pass (continuous batching) and a paged KV cache. Needs the extra: "
+        "pip install 'minitransformer[serve]'. SIGTERM or Ctrl+C finishes the answers in "
+        "flight and exits.")
+    add = parser.add_argument
+    add("--model", metavar="DIR|FILE.gguf", required=True, help="a directory written by train "
+        "or finetune (the chat endpoint needs the chat tokens), or a .gguf file")
+    add("--name", help="the model's id in the API (default: the directory's name)")
+    add("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
+        "this machine only)")
+    add("--port", type=port, default=8000, help="(default 8000; 0 picks a free one)")
+    add("--max-batch", type=positive, default=16, help="requests decoded together (default "
+        "16)")
+    add("--kv-blocks", type=positive, default=256, help="blocks of 16 tokens in the KV "
+        "cache's pool (default 256)")
+    add("--no-pack-weights", action="store_true", help="do not keep a GPT's weights also "
+        "packed for the CPU's matrix products (half the memory, slower batches)")
+    add("--device", help="default: minitransformer.default_device()")
+    add("--threads", type=positive, help="CPU threads (default: OMP_NUM_THREADS, else the "
+        "cores idle now)")
+    # the queue, the API key, CORS (issues 40 and 43)
+    add("--max-queue", type=nonnegative, help="requests that may wait for a row of the "
+        "batch; past them the server answers 503 with Retry-After (default 64)")
+    add("--api-key", metavar="KEY", help="every /v1 route asks for 'Authorization: Bearer "
+        f"KEY' (default: the variable {API_KEY_VARIABLE}, else no key)")
+    add("--allowed-origins", metavar="ORIGIN", nargs="+", type=origin,
+        help="let web pages of these origins call the API (CORS), e.g. "
+        "http://localhost:3000, or * for any (default: none)")
+
+
 def run(args: argparse.Namespace) -> int:
     folder = Path(args.model)
-    if not folder.is_dir():
-        raise CommandLineError(f"--model {args.model}: no such directory")
+    if not folder.is_dir() and not (folder.is_file() and folder.suffix == ".gguf"):
+        raise CommandLineError(f"--model {args.model}: no such directory or .gguf file")
     try:
         import uvicorn
 
@@ -145,13 +185,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def load(folder: Path, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
-    """The model and tokenizer of a model directory; with the chat tokens, also of a LoRA
-    adapter directory that ``finetune`` wrote (as ``chat`` loads it)."""
-    tokenizer = BPETokenizer.from_pretrained(folder)
-    if all(token in tokenizer.special_tokens for token in CHAT_TOKENS):
-        from minitransformer.cli import chat
-        return chat.load(folder, where)
-    return model_class(folder).from_pretrained(folder, device=where), tokenizer
+    """The model and tokenizer of a model directory, a LoRA adapter directory that ``finetune``
+    wrote, or a .gguf file (as ``chat`` and ``generate`` load them)."""
+    return load_model(str(folder), where)
 
 
 def serve(app, sock: socket.socket, uvicorn) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -24,13 +25,19 @@ from minitransformer.chat import CHAT_TOKENS
 from minitransformer.cli.common import (
     CommandLineError,
     Processes,
+    add_checkpoint_flags,
+    add_model_flags,
+    add_schedule_flags,
     architecture,
     check_new_out,
     check_resumable,
     check_same_flags,
+    defaults_epilog,
     distributed,
     in_processes,
     mean_over_ranks,
+    number,
+    positive,
     read_text,
     restore_checkpoint,
     save_checkpoint,
@@ -58,27 +65,94 @@ from minitransformer.training import (
 
 ARCHS = tuple(ARCHITECTURES)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-#: What a new run uses for a flag that is not given: a model that trains on the book's corpus
-#: (175 kB) in about half a minute on two CPU cores (21.5 s measured on a quiet machine).
-DEFAULTS = {
-    "arch": "gpt", "steps": 300, "batch_size": 16, "context_length": 64, "num_layers": 2,
-    "num_heads": 4, "d_model": 128, "vocab_size": 512, "lr": 3e-3, "seed": 0,
-    "grad_accum": 1, "dropout": 0.0, "dtype": "float32", "schedule": "cosine",
-}
+
+
+@dataclass
+class Settings:
+    """The flags that decide a run: a new run's from the command line, else the defaults
+    below (a model that trains on the book's corpus, 175 kB, in about half a minute on two
+    CPU cores: 21.5 s measured on a quiet machine); a resumed run's from its checkpoint, where
+    they are saved as ``args``."""
+
+    data: str
+    arch: str = "gpt"
+    steps: int = 300
+    batch_size: int = 16
+    context_length: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    d_model: int = 128
+    vocab_size: int = 512
+    lr: float = 3e-3
+    seed: int = 0
+    grad_accum: int = 1
+    dropout: float = 0.0
+    dtype: str = "float32"
+    schedule: str = "cosine"
+    warmup_steps: int | None = None     # None: a tenth of the run, 1 to 100 steps
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps is None:
+            self.warmup_steps = max(1, min(100, self.steps // 10))
+
+
+#: What a new run uses for a flag that is not given (its --help lists them).
+DEFAULTS = {f.name: f.default for f in fields(Settings) if f.name not in ("data", "warmup_steps")}
 #: Flags that decide the run: on --resume they come from the checkpoint, and a different value
 #: given on the command line is refused (the result could no longer be bit-identical), except
 #: a larger --steps, which extends the run (see _extend).
-RUN_FLAGS = ("data", *DEFAULTS, "warmup_steps")
+RUN_FLAGS = tuple(f.name for f in fields(Settings))
 VAL_FRACTION = 0.1      # the end of the data, held out for the validation loss
 DATA_DIR = "data"       # --data FILE is prepared into this directory of --out, then read
 EVAL_BATCHES = 20       # at most this many validation batches, the same at every evaluation
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Train a byte-level BPE tokenizer and a GPT on a UTF-8 text file, saving checkpoints "
+        "that --resume continues bit for bit. Under torchrun, every process trains on its "
+        "slice of the same global batch (DistributedDataParallel).")
+    parser.epilog = defaults_epilog(DEFAULTS)
+    parser.add_argument("--data", metavar="FILE|DATA_DIR", help="UTF-8 text to train on, "
+                        "tokenized first into OUT/data (its last 10%% held out for the "
+                        "validation loss); or a directory made by prepare, read as memory maps")
+    add_checkpoint_flags(parser, out="the run's directory: transformers loads it (config.json, "
+                         "model.safetensors, tokenizer files)")
+    model = parser.add_argument_group("the model")
+    add = model.add_argument
+    add("--arch", choices=ARCHS, help="the model: GPT-2's (chapter 9) or Llama's (chapter 14)")
+    add("--context-length", type=positive, help="tokens per sequence")
+    add("--num-layers", type=positive, help="transformer blocks")
+    add("--num-heads", type=positive, help="attention heads; must divide --d-model")
+    add("--d-model", type=positive, help="width of every token vector")
+    add("--vocab-size", type=positive, help="tokens of the BPE tokenizer, counting its 256 "
+        "byte tokens and the 5 special tokens of the chat format that it reserves for "
+        "finetune")
+    add("--dropout", type=number, help="dropout probability (processes agree exactly only "
+        "with 0)")
+    add("--dtype", choices=tuple(DTYPES), help="the weights' precision")
+    schedule = add_schedule_flags(parser, batch="the global batch: sequences per update, over all "
+                       "processes and accumulation steps", seeds="seeds the weights and the "
+                       "batches", log_every=50, logged="the losses printed, training and "
+                       "validation")
+    add = schedule.add_argument
+    add("--schedule", choices=tuple(SCHEDULES), help="the learning rate after the warm-up: a "
+        "cosine decay to lr/10, or warm-up-stable-decay (lr, then a linear decay to lr/10 "
+        "over the last fifth), which --resume --steps N extends bit for bit")
+    add("--warmup-steps", type=positive, help="steps of linear warm-up (default: a tenth of "
+        "--steps, 1 to 100)")
+    add("--grad-accum", type=positive, help="micro-batches per update (same update as one "
+        "batch that many times larger)")
+    add_model_flags(parser, None, threads="CPU threads per process (default: OMP_NUM_THREADS, "
+                    "else the cores idle now; a resumed run keeps its count)")
 
 
 def run(args: argparse.Namespace) -> int:
     return in_processes(_run, args)
 
 
-def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict, dict | None]:
+def _settings(args: argparse.Namespace, out: Path, *,
+              write: bool) -> tuple[Settings, dict | None]:
     """The run's flags (``RUN_FLAGS``) and, with --resume, the checkpoint to continue:
     ``(settings, resumed)`` where ``resumed`` holds the trainer state, folder, state, tensors
     and a note to print. ``write``: this process may write files (rank 0)."""
@@ -93,9 +167,7 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
         left = not Path(given["data"]).is_dir() and _discard_data(out, write=write)
         if write or not left:   # the other processes leave the rest to the writing one
             check_new_out(out, write=write)
-        settings = {**DEFAULTS, **given}
-        settings.setdefault("warmup_steps", _warmup(settings["steps"]))
-        return settings, None
+        return Settings(**given), None
     if _discard_data(out, write=False):     # OUT/data of a run killed before its first save
         raise CommandLineError(f"nothing to resume in {out}: no checkpoint was finished "
                                f"there; the same command without --resume starts the run")
@@ -103,14 +175,13 @@ def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict
     trainer_state, folder = checkpoints.latest(out)
     state, tensors = checkpoints.load_tensors(folder)
     _check_state(state, folder / checkpoints.JSON_FILE)
-    settings = {"schedule": "cosine", **state["args"]}      # runs saved before --schedule
-    settings.setdefault("warmup_steps", _warmup(settings["steps"]))
-    check_same_flags(given, settings)
+    settings = Settings(**state["args"])        # runs saved before --schedule: cosine
+    check_same_flags(given, asdict(settings))
     resumed = {"trainer_state": trainer_state, "folder": folder, "state": state,
                "tensors": tensors, "note": ""}
-    if given.get("steps", settings["steps"]) > settings["steps"]:
+    if given.get("steps", settings.steps) > settings.steps:
         resumed = _extend(out, settings, given["steps"], resumed, write=write)
-        settings["steps"] = given["steps"]
+        settings.steps = given["steps"]
     return settings, resumed
 
 
@@ -161,6 +232,10 @@ def _check_state(state: dict, path: Path) -> None:
                                    f"damaged?): {key} is {found}, not "
                                    f"{' or '.join(_a(k.__name__) for k in kinds)}")
     args = state["args"]
+    unknown = sorted(set(args) - set(RUN_FLAGS))
+    if unknown:
+        raise CommandLineError(f"{path} is not what this program writes (edited or "
+                               f"damaged?): args.{unknown[0]} is not a flag of train")
     choices = {"arch": ARCHS, "dtype": tuple(DTYPES), "schedule": tuple(SCHEDULES)}
     for key, allowed in choices.items():
         if args.get(key, allowed[0]) not in allowed:
@@ -182,12 +257,7 @@ def _check_state(state: dict, path: Path) -> None:
                                f"damaged?): loop.history has other keys")
 
 
-def _warmup(steps: int) -> int:
-    """The warm-up of a new run without --warmup-steps: a tenth of the run, 1 to 100 steps."""
-    return max(1, min(100, steps // 10))
-
-
-def _extend(out: Path, s: dict, steps: int, resumed: dict, *, write: bool) -> dict:
+def _extend(out: Path, s: Settings, steps: int, resumed: dict, *, write: bool) -> dict:
     """``--resume --steps N`` beyond the run's ``--steps``: the checkpoint to go on from.
 
     The cosine schedule depends on the run's length at every step, so a stretched run goes on
@@ -195,18 +265,18 @@ def _extend(out: Path, s: dict, steps: int, resumed: dict, *, write: bool) -> di
     result equals neither the shorter run nor a run begun with N steps. The WSD schedule's
     rates do not depend on the length before its decay, so a WSD run goes back to the
     checkpoint kept where its decay began and is from there on the N-step run, bit for bit."""
-    step, old = resumed["state"]["loop"]["step"], s["steps"]
-    if s["schedule"] != "wsd":
+    step, old = resumed["state"]["loop"]["step"], s.steps
+    if s.schedule != "wsd":
         rate = SCHEDULES["cosine"]
-        was = rate(min(step, old - 1), steps=old, lr=s["lr"], warmup_steps=s["warmup_steps"])
-        now = rate(step, steps=steps, lr=s["lr"], warmup_steps=s["warmup_steps"])
+        was = rate(min(step, old - 1), steps=old, lr=s.lr, warmup_steps=s.warmup_steps)
+        now = rate(step, steps=steps, lr=s.lr, warmup_steps=s.warmup_steps)
         resumed["note"] = (f"extending the run from {old} to {steps} steps: the cosine "
                            f"schedule is stretched, so the learning rate goes from {was:.3g} "
                            f"to {now:.3g} at step {step + 1} and decays again; the result is "
                            f"neither the {old}-step run nor a {steps}-step one (--schedule wsd "
                            f"extends without changing the steps before its decay)")
         return resumed
-    start = wsd_decay_start(old, warmup_steps=s["warmup_steps"])
+    start = wsd_decay_start(old, warmup_steps=s.warmup_steps)
     note = (f"extending the run from {old} to {steps} steps: the stable phase goes on, the "
             f"decay moves to the end")
     if step <= start:
@@ -214,7 +284,7 @@ def _extend(out: Path, s: dict, steps: int, resumed: dict, *, write: bool) -> di
         return resumed
     name = f"ckpt-{start}"
     try:
-        trainer_state, folder = checkpoints.latest(out, name=name)
+        _, folder = checkpoints.latest(out, name=name)
     except FileNotFoundError:
         raise CommandLineError(f"cannot extend the run in {out}: its checkpoint {name}, where "
                                f"its decay began, is gone") from None
@@ -230,25 +300,25 @@ def _extend(out: Path, s: dict, steps: int, resumed: dict, *, write: bool) -> di
             f"began ({name}), to train steps {start + 1}-{steps} as a {steps}-step run does"}
 
 
-def _check(s: dict, world_size: int) -> None:
+def _check(s: Settings, world_size: int) -> None:
     """Refuse flags that cannot make a run, naming them."""
-    if s["d_model"] % s["num_heads"]:
-        raise CommandLineError(f"--num-heads {s['num_heads']} does not divide --d-model "
-                               f"{s['d_model']}")
-    if s["vocab_size"] < 256:
+    if s.d_model % s.num_heads:
+        raise CommandLineError(f"--num-heads {s.num_heads} does not divide --d-model "
+                               f"{s.d_model}")
+    if s.vocab_size < 256:
         raise CommandLineError(f"--vocab-size must be at least 256 (the byte tokens), got "
-                               f"{s['vocab_size']}")     # and the chat tokens: see _size_note
-    if not 1 <= s["warmup_steps"] <= s["steps"]:
-        raise CommandLineError(f"--warmup-steps must be from 1 to --steps {s['steps']}, got "
-                               f"{s['warmup_steps']}")
-    if not s["lr"] > 0:
-        raise CommandLineError(f"--lr must be positive, got {s['lr']}")
-    if not 0 <= s["dropout"] < 1:
-        raise CommandLineError(f"--dropout must be in [0, 1), got {s['dropout']}")
-    parts = world_size * s["grad_accum"]
-    if s["batch_size"] % parts:
-        raise CommandLineError(f"--batch-size {s['batch_size']} is not divisible by world "
-                               f"size {world_size} x --grad-accum {s['grad_accum']} = {parts}")
+                               f"{s.vocab_size}")     # and the chat tokens: see _size_note
+    if not 1 <= s.warmup_steps <= s.steps:
+        raise CommandLineError(f"--warmup-steps must be from 1 to --steps {s.steps}, got "
+                               f"{s.warmup_steps}")
+    if not s.lr > 0:
+        raise CommandLineError(f"--lr must be positive, got {s.lr}")
+    if not 0 <= s.dropout < 1:
+        raise CommandLineError(f"--dropout must be in [0, 1), got {s.dropout}")
+    parts = world_size * s.grad_accum
+    if s.batch_size % parts:
+        raise CommandLineError(f"--batch-size {s.batch_size} is not divisible by world "
+                               f"size {world_size} x --grad-accum {s.grad_accum} = {parts}")
 
 
 def _check_file(path: str) -> None:
@@ -272,7 +342,7 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _prepare_file(path: str, prepared: Path, s: dict, procs: Processes, *,
+def _prepare_file(path: str, prepared: Path, s: Settings, procs: Processes, *,
                   progress: bool, again: bool = False) -> None:
     """--data FILE: the writing process tokenizes the text once into ``prepared`` (``OUT/data``:
     a prepared directory, as ``prepare`` makes, read as memory maps like --data DATA_DIR), so
@@ -288,8 +358,8 @@ def _prepare_file(path: str, prepared: Path, s: dict, procs: Processes, *,
                 error = (f"{prepared} is not a prepared directory: move it away, and --resume "
                          f"prepares the run's text there again")
             else:
-                prepare(path, prepared, vocab_size=max(s["vocab_size"], LEAST_VOCAB_SIZE),
-                        val_fraction=VAL_FRACTION, seed=s["seed"], progress=progress)
+                prepare(path, prepared, vocab_size=max(s.vocab_size, LEAST_VOCAB_SIZE),
+                        val_fraction=VAL_FRACTION, seed=s.seed, progress=progress)
         except (ValueError, OSError) as exc:
             error = f"--data {exc}"
         if error is not None and made and prepared.parent.is_dir() and not any(
@@ -352,14 +422,14 @@ def _split(ids: list[int], context_length: int, path: str) -> tuple[torch.Tensor
     return stream[:-n_val], stream[-n_val:]
 
 
-def _micro_batches(stream: torch.Tensor, s: dict, generator: torch.Generator,
+def _micro_batches(stream: torch.Tensor, s: Settings, generator: torch.Generator,
                    procs: Processes) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Every process draws the same global batch from the same generator and keeps its slice,
     cut into ``grad_accum`` micro-batches. The generator's state is the data position."""
-    share = s["batch_size"] // procs.world_size
-    micro = share // s["grad_accum"]
-    for inputs, targets in random_batches(stream, batch_size=s["batch_size"],
-                                          context_length=s["context_length"],
+    share = s.batch_size // procs.world_size
+    micro = share // s.grad_accum
+    for inputs, targets in random_batches(stream, batch_size=s.batch_size,
+                                          context_length=s.context_length,
                                           generator=generator):
         mine = slice(procs.rank * share, (procs.rank + 1) * share)     # (B / world, T)
         inputs, targets = inputs[mine], targets[mine]
@@ -367,22 +437,22 @@ def _micro_batches(stream: torch.Tensor, s: dict, generator: torch.Generator,
             yield (inputs[m:m + micro].to(procs.device), targets[m:m + micro].to(procs.device))
 
 
-def _prepared(path: str | Path, s: dict, vocab_given: bool, *,
+def _prepared(path: str | Path, s: Settings, vocab_given: bool, *,
               vocab: bool = True) -> tuple[TokenFiles, str]:
     """The prepared directory ``--data DATA_DIR`` (made by ``prepare``) and the SHA-256 of its
-    index; ``s["vocab_size"]`` becomes its tokenizer's (unless not ``vocab``: --data FILE,
+    index; ``s.vocab_size`` becomes its tokenizer's (unless not ``vocab``: --data FILE,
     where it stays the size asked for)."""
     try:
         files = TokenFiles(path)
     except ValueError as exc:
         raise CommandLineError(f"--data {exc}") from None
-    if vocab_given and s["vocab_size"] != len(files.tokenizer):
-        raise CommandLineError(f"--vocab-size {s['vocab_size']} differs from the "
+    if vocab_given and s.vocab_size != len(files.tokenizer):
+        raise CommandLineError(f"--vocab-size {s.vocab_size} differs from the "
                                f"{len(files.tokenizer)} tokens of {path}'s tokenizer (leave "
                                f"--vocab-size out with a prepared directory)")
     if vocab:
-        s["vocab_size"] = len(files.tokenizer)
-    window = s["context_length"] + 1
+        s.vocab_size = len(files.tokenizer)
+    window = s.context_length + 1
     for part, tokens in (("train", files.train), ("val", files.val)):
         if len(tokens) < window:
             raise CommandLineError(f"--data {path} holds {len(tokens)} {part} tokens, too few "
@@ -391,14 +461,14 @@ def _prepared(path: str | Path, s: dict, vocab_given: bool, *,
     return files, digest
 
 
-def _prepared_micro_batches(tokens, s: dict, generator: torch.Generator,
+def _prepared_micro_batches(tokens, s: Settings, generator: torch.Generator,
                             procs: Processes) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """As ``_micro_batches``, from the memory map: the same global batch in every process,
     each reading only its own rows."""
-    share = s["batch_size"] // procs.world_size
-    micro = share // s["grad_accum"]
-    for inputs, targets in random_windows(tokens, batch_size=s["batch_size"],
-                                          context_length=s["context_length"],
+    share = s.batch_size // procs.world_size
+    micro = share // s.grad_accum
+    for inputs, targets in random_windows(tokens, batch_size=s.batch_size,
+                                          context_length=s.context_length,
                                           generator=generator, rank=procs.rank,
                                           world_size=procs.world_size):
         for m in range(0, share, micro):
@@ -410,27 +480,27 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     say = print if procs.main else (lambda *a, **k: None)
     s, resumed = _settings(args, out, write=procs.main)
     _check(s, procs.world_size)
-    generator = torch.Generator().manual_seed(s["seed"])
+    generator = torch.Generator().manual_seed(s.seed)
     size_note = ""
     prepared = out / DATA_DIR
-    if Path(s["data"]).is_dir():
-        files, digest = _prepared(s["data"], s, args.vocab_size is not None and not resumed)
+    if Path(s.data).is_dir():
+        files, digest = _prepared(s.data, s, args.vocab_size is not None and not resumed)
     elif resumed and resumed["state"].get("prepared") != DATA_DIR:
         files = None            # a run begun before train prepared its text: as it began
-        text, digest = _read_text(s["data"])
+        text, digest = _read_text(s.data)
     else:
-        _check_file(s["data"])
+        _check_file(s.data)
         if resumed:
-            digest = _sha256(s["data"])
+            digest = _sha256(s.data)
             if digest != resumed["state"]["data_sha256"]:
-                raise CommandLineError(f"--data {s['data']} changed since the run began (its "
+                raise CommandLineError(f"--data {s.data} changed since the run began (its "
                                        f"SHA-256 differs): a resumed run must read the same "
                                        f"text")
         again = bool(resumed) and _from_rank_zero(not _complete(prepared, digest), procs)
         if again:           # OUT/data removed or damaged: the same prepare makes the same files
             say(f"preparing {prepared} again: it is missing or incomplete")
         if not resumed or again:
-            _prepare_file(s["data"], prepared, s, procs, progress=not args.no_progress,
+            _prepare_file(s.data, prepared, s, procs, progress=not args.no_progress,
                           again=again)
         files, _ = _prepared(prepared, s, False, vocab=False)
         digest = files.index["sources"][0]["sha256"]
@@ -439,48 +509,48 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
             raise CommandLineError(f"{prepared} holds another tokenizer than the run's "
                                    f"checkpoint: resume in the version of the program that "
                                    f"began the run")
-        size_note = _size_note(s["vocab_size"], files.tokenizer)
+        size_note = _size_note(s.vocab_size, files.tokenizer)
     if resumed and digest != resumed["state"]["data_sha256"]:
-        raise CommandLineError(f"--data {s['data']} changed since the run began (its "
+        raise CommandLineError(f"--data {s.data} changed since the run began (its "
                                f"SHA-256 differs): a resumed run must read the same text")
     if files is not None:
         tokenizer = files.tokenizer
         batches = _prepared_micro_batches(files.train, s, generator, procs)
-        val = val_windows(files.val, batch_size=s["batch_size"],
-                          context_length=s["context_length"], max_batches=EVAL_BATCHES)
+        val = val_windows(files.val, batch_size=s.batch_size,
+                          context_length=s.context_length, max_batches=EVAL_BATCHES)
         counts = len(files.train), len(files.val)
     else:
         tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
-        train_ids, val_ids = _split(tokenizer.encode(text), s["context_length"], s["data"])
+        train_ids, val_ids = _split(tokenizer.encode(text), s.context_length, s.data)
         batches = _micro_batches(train_ids, s, generator, procs)
-        val = window_batches(val_ids, batch_size=s["batch_size"],
-                             context_length=s["context_length"])[:EVAL_BATCHES]
+        val = window_batches(val_ids, batch_size=s.batch_size,
+                             context_length=s.context_length)[:EVAL_BATCHES]
         counts = train_ids.numel(), val_ids.numel()
-    prepared_file = files is not None and not Path(s["data"]).is_dir()
+    prepared_file = files is not None and not Path(s.data).is_dir()
     began = resumed["state"].get("threads") if resumed else None
     count, how = set_threads(args.threads, began, procs)
-    dtype = DTYPES[s["dtype"]]
+    dtype = DTYPES[s.dtype]
 
-    torch.manual_seed(s["seed"])
-    model_class, config_class = architecture(s["arch"])
+    torch.manual_seed(s.seed)
+    model_class, config_class = architecture(s.arch)
     if resumed:
         model = model_class.from_pretrained(resumed["folder"], device=procs.device, dtype=dtype)
     else:
-        config = config_class(vocab_size=len(tokenizer), context_length=s["context_length"],
-                              num_layers=s["num_layers"], num_heads=s["num_heads"],
-                              d_model=s["d_model"], dropout=s["dropout"])
+        config = config_class(vocab_size=len(tokenizer), context_length=s.context_length,
+                              num_layers=s.num_layers, num_heads=s.num_heads,
+                              d_model=s.d_model, dropout=s.dropout)
         model = model_class(config, device=procs.device, dtype=dtype)
-    optimizer = make_optimizer(model, s["lr"], 0.1)
+    optimizer = make_optimizer(model, s.lr, 0.1)
     wrapped = distributed(model, procs)
     val = [(x.to(procs.device), y.to(procs.device)) for x, y in val]
-    loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],
-                        warmup_steps=s["warmup_steps"], schedule=s["schedule"],
-                        grad_accum=s["grad_accum"], val_batches=val if procs.main else None,
-                        eval_every=args.eval_every, eval_model=model,
+    loop = TrainingLoop(wrapped, optimizer, steps=s.steps, lr=s.lr,
+                        warmup_steps=s.warmup_steps, schedule=s.schedule,
+                        grad_accum=s.grad_accum, val_batches=val if procs.main else None,
+                        eval_every=args.log_every, eval_model=model,
                         mean_loss=mean_over_ranks(procs))
     #: WSD: the checkpoint where the decay begins is kept, to extend the run from (_extend)
-    stable = (wsd_decay_start(s["steps"], warmup_steps=s["warmup_steps"])
-              if s["schedule"] == "wsd" else None)
+    stable = (wsd_decay_start(s.steps, warmup_steps=s.warmup_steps)
+              if s.schedule == "wsd" else None)
     keep = () if stable is None else (f"ckpt-{stable}",)
     if resumed:
         restore_checkpoint(out, resumed, loop, optimizer, generator, procs, keep=keep)
@@ -493,8 +563,8 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
             f"to rounding only)" if changed else ""))
         if resumed["note"]:
             say(resumed["note"])
-        if loop.step >= s["steps"]:
-            say(f"the run in {out} is complete: {loop.step} of {s['steps']} steps")
+        if loop.step >= s.steps:
+            say(f"the run in {out} is complete: {loop.step} of {s.steps} steps")
             return 0
     else:
         if procs.main:
@@ -514,13 +584,13 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         if procs.main and h.steps and h.steps[-1] == loop.step:
             tqdm.tqdm.write(f"step {loop.step}: train loss {h.train_losses[-1]:.4f}, "
                             f"val loss {h.val_losses[-1]:.4f}", file=sys.stdout)
-        if procs.main and (loop.step % args.save_every == 0 or loop.step in (s["steps"], stable)):
+        if procs.main and (loop.step % args.save_every == 0 or loop.step in (s.steps, stable)):
             save_checkpoint(out, loop, optimizer, generator, procs, write_model=save,
-                            state={"args": s, "data_sha256": digest, "threads": count,
+                            state={"args": asdict(s), "data_sha256": digest, "threads": count,
                                    **({"prepared": DATA_DIR} if prepared_file else {})},
                             keep=keep)
 
-    bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="training", mininterval=0.5,
+    bar = tqdm.tqdm(total=s.steps, initial=loop.step, desc="training", mininterval=0.5,
                     bar_format=BAR_FORMAT, disable=not procs.main or args.no_progress)
     with contextlib.closing(bar):
         loop.run(batches, bar=bar, after_step=after_step)

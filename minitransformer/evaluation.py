@@ -74,28 +74,31 @@ def _check_outcomes(name: str, values: object) -> list[float]:
 def _sequence_log_likelihoods(model: nn.Module, requests: list[tuple[list[int], int]], *,
                               batch_size: int) -> list[tuple[float, bool]]:
     """For each ``(tokens, n)``: the sum of the log-probabilities of the last ``n`` tokens
-    given those before them, and whether each is the model's greedy choice. The requests go
+    given those before them, and whether each is the model's greedy choice. Requests that
+    read the same ``tokens[:-1]`` (one question's answers A-D) share one row; the rows go
     through the model in left-padded batches, longest first."""
     vocab = model.config.vocab_size
     device = model.token_embedding.weight.device
-    order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
+    for tokens, _ in requests:
+        if max(tokens) >= vocab:
+            raise ValueError(f"token id {max(tokens)} is outside the vocabulary [0, {vocab})")
+    rows: dict[tuple[int, ...], list[int]] = {}
+    for i, (tokens, _) in enumerate(requests):
+        rows.setdefault(tuple(tokens[:-1]), []).append(i)
+    inputs = sorted(rows, key=len, reverse=True)
     results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
     with eval_mode(model), torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            batch = [requests[i] for i in order[start:start + batch_size]]
-            for tokens, _ in batch:
-                if max(tokens) >= vocab:
-                    raise ValueError(f"token id {max(tokens)} is outside the vocabulary "
-                                     f"[0, {vocab})")
-            idx, mask, positions = left_pad([t[:-1] for t, _ in batch], pad_id=0, device=device)
+        for start in range(0, len(inputs), batch_size):
+            batch = inputs[start:start + batch_size]
+            idx, mask, positions = left_pad(batch, pad_id=0, device=device)
             logits = model(idx, attention_mask=mask, position_ids=positions)[0]  # (B, T, V)
-            log_probs = torch.log_softmax(logits.float(), dim=-1)
-            for row, (tokens, n) in enumerate(batch):
-                scored = log_probs[row, -n:]                                     # (n, V)
-                target = torch.tensor(tokens[-n:], device=device)
-                total = scored.gather(-1, target[:, None]).sum().item()
-                greedy = bool((scored.argmax(-1) == target).all())
-                results[order[start + row]] = (total, greedy)
+            for row, key in enumerate(batch):
+                for i in rows[key]:
+                    tokens, n = requests[i]
+                    scored = torch.log_softmax(logits[row, -n:].float(), dim=-1)  # (n, V)
+                    target = torch.tensor(tokens[-n:], device=device)
+                    total = scored.gather(-1, target[:, None]).sum().item()
+                    results[i] = (total, bool((scored.argmax(-1) == target).all()))
     return results
 
 
@@ -307,22 +310,31 @@ def rolling_windows(num_tokens: int, window: int, stride: int) -> list[tuple[int
 
 
 def score_text(model: nn.Module, tokenizer: object, text: str, *, prefix_id: int,
-               stride: int | None = None, batch_size: int = 8) -> TextScore:
+               window: int | None = None, stride: int | None = None,
+               batch_size: int = 8) -> TextScore:
     """The negative log-likelihood of every token of ``text``, the first one predicted
     after ``prefix_id`` (lm-eval uses the tokenizer's BOS, else its EOS), through the
-    windows of :func:`rolling_windows` with the model's context length.
+    windows of :func:`rolling_windows`.
 
     Args:
-        stride: how far each window moves on (default: the context length, lm-eval's).
+        window: the most tokens the model reads at once (default: its context length;
+            lm-eval's ``max_length``).
+        stride: how far each window moves on (default: ``window``, lm-eval's).
 
     Raises:
-        TypeError, ValueError: a bad model or tokenizer, an empty text, a ``prefix_id`` or
-            ``stride`` out of range.
+        TypeError, ValueError: a bad model or tokenizer, an empty text, a ``prefix_id``,
+            ``window`` or ``stride`` out of range.
     """
     _check_model(model)
     _check_text("text", text)
     _checks.check_int("prefix_id", prefix_id, low=0)
-    window = model.config.context_length
+    if prefix_id >= model.config.vocab_size:
+        raise ValueError(f"prefix_id={prefix_id} is outside the vocabulary "
+                         f"[0, {model.config.vocab_size})")
+    context = model.config.context_length
+    window = context if window is None else _checks.check_int("window", window)
+    if window > context:
+        raise ValueError(f"window must be at most context_length={context}, got {window}")
     stride = window if stride is None else stride
     tokens = _encode(tokenizer, text)
     ids = [prefix_id] + tokens

@@ -230,6 +230,13 @@ def build_parser() -> Parser:
     add("--threads", type=positive, help="CPU threads (default: OMP_NUM_THREADS, else the "
         "cores idle now)")
 
+    import minitransformer.cli.eval as evaluate  # chapter 20: a module of its own
+    evaluate.add_arguments(commands.add_parser(
+        "eval", help="score a model on HellaSwag, MMLU, GSM8K or a text (chapter 20)",
+        description="Score a model directory as lm-eval does: acc and acc_norm by "
+        "log-likelihood (hellaswag, mmlu), exact match of a greedy answer (gsm8k), bits per "
+        "byte and perplexity of a text (perplexity), with standard errors."))
+
     c = commands.add_parser("convert", help="pytorch_model.bin -> model.safetensors",
                             description="Write DIR/model.safetensors from DIR/pytorch_model.bin "
                             "(read with torch.load(weights_only=True), which runs no code "

@@ -23,6 +23,7 @@ from minitransformer.cli import (
     serve,
     train,
 )
+from minitransformer.cli import eval as evaluate
 from minitransformer.cli.common import PROG, CommandLineError, Parser, is_rank_zero
 
 __all__ = ["CommandLineError", "build_parser", "main"]
@@ -36,6 +37,7 @@ COMMANDS = (
     ("dpo", dpo, "preference optimisation (DPO) on chosen/rejected pairs (JSONL)"),
     ("chat", chat, "talk with a fine-tuned model, or SmolLM2 (the default)"),
     ("serve", serve, "serve a model over HTTP, as OpenAI's API (chapter 18)"),
+    ("eval", evaluate, "score a model on HellaSwag, MMLU, GSM8K or a text (chapter 20)"),
     ("convert", convert, "pytorch_model.bin -> model.safetensors"),
     ("download", download, "download a pretrained model into the cache"),
 )

@@ -1,0 +1,93 @@
+"""``minitransformer eval``: the scores of minitransformer.evaluation on a model directory,
+printed and written as JSON; every mistake one line on stderr and exit status 2."""
+
+import json
+
+import pytest
+import torch
+from cli_helpers import one_thread, run  # noqa: F401  (one_thread: an autouse fixture)
+
+from minitransformer import evaluation as ev
+from minitransformer.bpe import BPETokenizer
+from minitransformer.llama import Llama, LlamaConfig
+
+DATA = "tests/data/eval"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tokenizer = BPETokenizer.from_pretrained("tests/data/gpt2_tiny")
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=len(tokenizer), context_length=256, num_layers=1,
+                              num_heads=2, d_model=16, d_ff=32))
+    folder = tmp_path_factory.mktemp("model")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, model.eval(), tokenizer
+
+
+@pytest.mark.parametrize("task, item", [("hellaswag", ev.hellaswag_item),
+                                        ("mmlu", ev.mmlu_item)])
+def test_multiple_choice_scores_and_json(model_dir, tmp_path, task, item):
+    folder, model, tokenizer = model_dir
+    out = tmp_path / "scores.json"
+    status, stdout, stderr = run("eval", "--model", folder, "--task", task, "--limit", 12,
+                                 "--json", out)
+    assert (status, stderr) == (0, "")
+    with open(f"{DATA}/{task}.jsonl") as f:
+        docs = [json.loads(line) for line in f][:12]
+    scores = ev.score_multiple_choice(model, tokenizer, [item(d) for d in docs])
+    written = json.loads(out.read_text())
+    assert written["items"] == 12 and written["task"] == task
+    for metric in ("acc", "acc_norm"):
+        mean, stderr = ev.mean_stderr([getattr(s, metric) for s in scores])
+        assert written[metric] == pytest.approx(mean)
+        assert written[f"{metric}_stderr"] == pytest.approx(stderr)
+        assert f"{metric}: {round(mean, 4)}" in stdout
+
+
+def test_perplexity_of_a_text(model_dir, tmp_path):
+    folder, model, tokenizer = model_dir
+    text = "The man walks to the barbell and lifts it over his head. " * 30
+    (tmp_path / "text.txt").write_text(text)
+    out = tmp_path / "scores.json"
+    status, _, stderr = run("eval", "--model", folder, "--task", "perplexity", "--data",
+                            tmp_path / "text.txt", "--stride", 128, "--json", out)
+    assert (status, stderr) == (0, "")
+    expected = ev.score_text(model, tokenizer, text, prefix_id=756, stride=128)
+    written = json.loads(out.read_text())
+    assert written["bits_per_byte"] == pytest.approx(expected.bits_per_byte)
+    assert written["perplexity"] == pytest.approx(expected.perplexity)
+
+
+def test_gsm8k_exact_match(model_dir, tmp_path):
+    folder, _, _ = model_dir
+    out = tmp_path / "scores.json"
+    status, stdout, stderr = run("eval", "--model", folder, "--task", "gsm8k", "--limit", 2,
+                                 "--max-new-tokens", 3, "--json", out)
+    assert (status, stderr) == (0, "")
+    assert json.loads(out.read_text())["exact_match"] == 0.0   # a random model, 3 tokens
+    assert "exact_match: 0.0" in stdout
+
+
+def test_mistakes_are_one_line_and_exit_2(model_dir, tmp_path):
+    folder, _, _ = model_dir
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "q", "choices": ["a", "b"], "label": 0}\n{"query": "q"}\n')
+    existing = tmp_path / "exists.json"
+    existing.write_text("mine")
+    cases = [
+        (["--model", tmp_path / "none", "--task", "mmlu"], "not a model directory"),
+        (["--model", folder, "--task", "arc"], "invalid choice"),
+        (["--model", folder, "--task", "perplexity"], "needs --data"),
+        (["--model", folder, "--task", "hellaswag", "--data", bad], "bad.jsonl:2 has no"),
+        (["--model", folder, "--task", "hellaswag", "--data", tmp_path / "no.jsonl"],
+         "no such file"),
+        (["--model", folder, "--task", "mmlu", "--json", existing], "exists"),
+        (["--model", folder, "--task", "mmlu", "--limit", 0], "at least 1"),
+    ]
+    for flags, message in cases:
+        status, stdout, stderr = run("eval", *flags)
+        assert status == 2 and stdout == "", flags
+        assert stderr.count("\n") == 1 and message in stderr, (flags, stderr)
+    assert existing.read_text() == "mine"

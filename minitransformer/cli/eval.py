@@ -120,7 +120,8 @@ def _score(model, tokenizer, docs: list[dict], args: argparse.Namespace) -> dict
                                    f"for an answer")
         answers = ev.generate_answers(model, tokenizer, prompts,
                                       max_new_tokens=min(args.max_new_tokens, room),
-                                      eos_id=end, stop=["Question:", "\n\n"], batch_size=args.batch_size)
+                                      eos_id=end, stop=["Question:", "\n\n"],
+                                      batch_size=args.batch_size)
         found = ev.exact_match([ev.extract_last_number(a) for a in answers],
                                [ev.gsm8k_target(d) for d in docs])
         return _accuracy("exact_match", found, args.seed)

@@ -4,12 +4,12 @@ Run from the repository root:  .venv/bin/python benchmarks/kv_cache.py [--thread
     [--device cpu] [--json FILE]
 (`make bench` runs it with the other benchmarks; tools/gpu_check.sh with --device cuda.)
 
-A randomly initialised GPT (vocab 256, d_model 128, 4 layers, 4 heads, context_length 1024, float32,
-CPU) continues a 4-token prompt greedily with ``generate(..., use_cache=True)`` and
+A randomly initialised GPT (vocab 256, d_model 128, 4 layers, 4 heads, context_length 1024,
+float32, CPU) continues a 4-token prompt greedily with ``generate(..., use_cache=True)`` and
 ``use_cache=False``; the two must give the same tokens. With the cache, ``generate`` steps through
-the function ``GPT.make_decode_step()`` returns (``fast=False``: chapter 11's step), the speed path (the cached forward pass on weights
-looked up once, without the blocks' method and module calls; tests hold it bit-for-bit equal to
-``GPT.forward(..., kv_cache=...)``). It prints
+the function ``GPT.make_decode_step()`` returns (``fast=False``: chapter 11's step), the speed path
+(the cached forward pass on weights looked up once, without the blocks' method and module calls;
+tests hold it bit-for-bit equal to ``GPT.forward(..., kv_cache=...)``). It prints
   * the total time of each and the speed-up for 64, 256, 512 and 1,000 new tokens, at ``--threads``
     threads and then again at 1 thread (with 2 threads the uncached pass, a big matrix product,
     runs in parallel, while a cached step is too small to gain from a second thread);

@@ -7,15 +7,15 @@ Run from the repository root:
 
 For each size, a randomly initialised GPT is saved with ``save_pretrained`` and loaded by
 ``transformers.GPT2LMHeadModel.from_pretrained``: the same weights on both sides, in ``--dtype``
-(float32 by default; bfloat16 rounds the same float32 weights on both sides), on ``--device``
-(the CPU by default; on CUDA, TF32 is off and each timing waits for the GPU), batch 1. Each
-side continues a 32-token prompt by 64 greedy tokens: ours twice, with
-``minitransformer.generate(..., temperature=0)`` (KV cache, ``GPT.make_decode_step``, bit for
-bit ``forward``: "ours") and with ``fast=True`` (``GPT.make_fast_decode_step``, the same logits
-up to float rounding: "fast"); theirs with ``model.generate(do_sample=False)`` (its own KV
-cache). In float32 the tokens must be equal; in bfloat16 two implementations round
-differently (and a random model's scores are close), so the script reports how many of the
-new tokens agree before the first difference, and only ours and fast must be equal.
+(float32 by default; bfloat16 rounds the same float32 weights on both sides), on ``--device`` (the
+CPU by default; on CUDA, TF32 is off and each timing waits for the GPU), batch 1. Each side
+continues a 32-token prompt by 64 greedy tokens: ours twice, with ``minitransformer.generate(...,
+temperature=0, fast=False)`` (KV cache, ``GPT.make_decode_step``, bit for bit ``forward``: "ours")
+and with ``fast=True``, the default (``GPT.make_fast_decode_step``, the same logits up to float
+rounding: "fast"); theirs with ``model.generate(do_sample=False)`` (its own KV cache). In float32
+the tokens must be equal; in bfloat16 two implementations round differently (and a random model's
+scores are close), so the script reports how many of the new tokens agree before the first
+difference, and only ours and fast must be equal.
 
 Timing method: one untimed warm-up each, then ``--rounds`` rounds in which the three runs
 take turns at going first; each ratio is the median of the per-round ratios of tokens per
@@ -119,10 +119,10 @@ def compare(name: str, config: GPTConfig, target: float, rounds: int, bandwidths
                            generator=torch.Generator().manual_seed(1)).to(DEVICE)
 
     def run_ours() -> torch.Tensor:
-        return generate(ours, prompt, NEW, temperature=0)
+        return generate(ours, prompt, NEW, temperature=0, fast=False)
 
     def run_fast() -> torch.Tensor:
-        return generate(ours, prompt, NEW, temperature=0, fast=True)
+        return generate(ours, prompt, NEW, temperature=0)               # fast, the default
 
     def run_theirs() -> torch.Tensor:
         with torch.inference_mode():

@@ -4,12 +4,12 @@ Run from the repository root:  .venv/bin/python benchmarks/kv_cache.py [--thread
     [--device cpu] [--json FILE]
 (`make bench` runs it with the other benchmarks; tools/gpu_check.sh with --device cuda.)
 
-A randomly initialised GPT (vocab 256, d_model 128, 4 layers, 4 heads, context_length 1024, float32,
-CPU) continues a 4-token prompt greedily with ``generate(..., use_cache=True)`` and
+A randomly initialised GPT (vocab 256, d_model 128, 4 layers, 4 heads, context_length 1024,
+float32, CPU) continues a 4-token prompt greedily with ``generate(..., use_cache=True)`` and
 ``use_cache=False``; the two must give the same tokens. With the cache, ``generate`` steps through
-the function ``GPT.make_decode_step()`` returns, the speed path (the cached forward pass on weights
-looked up once, without the blocks' method and module calls; tests hold it bit-for-bit equal to
-``GPT.forward(..., kv_cache=...)``). It prints
+the function ``GPT.make_decode_step()`` returns (``fast=False``: chapter 11's step), the speed path
+(the cached forward pass on weights looked up once, without the blocks' method and module calls;
+tests hold it bit-for-bit equal to ``GPT.forward(..., kv_cache=...)``). It prints
   * the total time of each and the speed-up for 64, 256, 512 and 1,000 new tokens, at ``--threads``
     threads and then again at 1 thread (with 2 threads the uncached pass, a big matrix product,
     runs in parallel, while a cached step is too small to gain from a second thread);
@@ -67,7 +67,7 @@ def _wait() -> None:
 def _time(model: nn.Module, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> float:
     _wait()
     start = time.perf_counter()
-    generate(model, prompt, new_tokens, use_cache=use_cache, temperature=0)
+    generate(model, prompt, new_tokens, use_cache=use_cache, temperature=0, fast=False)
     _wait()
     return time.perf_counter() - start
 
@@ -75,7 +75,7 @@ def _time(model: nn.Module, prompt: torch.Tensor, new_tokens: int, use_cache: bo
 def speed_up(model: nn.Module, prompt: torch.Tensor, new_tokens: int,
              repeats: int) -> tuple[float, float, float]:
     """Median seconds with and without the cache, and the median per-repeat ratio."""
-    cached = generate(model, prompt, new_tokens, use_cache=True, temperature=0)
+    cached = generate(model, prompt, new_tokens, use_cache=True, temperature=0, fast=False)
     uncached = generate(model, prompt, new_tokens, use_cache=False, temperature=0)
     if not torch.equal(cached, uncached):
         raise AssertionError(f"cached and uncached generation differ at {new_tokens} tokens")
@@ -146,7 +146,7 @@ def main() -> None:
     ratios: dict[int, dict[int, float]] = {}
     for threads in dict.fromkeys([args.threads] + ([1] if DEVICE.type == "cpu" else [])):
         torch.set_num_threads(threads)
-        generate(model, prompt, 16, use_cache=True, temperature=0)       # warm-up
+        generate(model, prompt, 16, use_cache=True, temperature=0, fast=False)       # warm-up
         generate(model, prompt, 16, use_cache=False, temperature=0)
         for new_tokens in lengths:
             cached, uncached, ratio = speed_up(model, prompt, new_tokens, args.repeats)
@@ -187,7 +187,7 @@ def llama(prompt: torch.Tensor, threads: int, repeats: int) -> dict:
     print(f"Llama of the same size: {c.num_heads} query heads, {c.num_kv_heads} KV heads, "
           f"d_ff {c.d_ff}, untied head, load average {os.getloadavg()[0]:.2f}")
     torch.set_num_threads(threads)
-    generate(model, prompt, 16, use_cache=True, temperature=0)           # warm-up
+    generate(model, prompt, 16, use_cache=True, temperature=0, fast=False)           # warm-up
     generate(model, prompt, 16, use_cache=False, temperature=0)
     cached, uncached, ratio = speed_up(model, prompt, LLAMA_TOKENS, repeats)
     print(f"{threads:>7}{LLAMA_TOKENS:>12}{cached:>12.3f}{uncached:>14.3f}"

@@ -328,7 +328,8 @@ def main() -> None:
         model = GPT.from_pretrained(folder).eval()
         counts = args.counts or ((1, 4, 16) if args.quick else (1, 4, 16, 64))
         check = workload(1, config.vocab_size, True)[0]
-        alone = generate(model, torch.tensor([check[0]]), check[1], temperature=0)
+        alone = generate(model, torch.tensor([check[0]]), check[1], temperature=0,
+                         fast=False)                        # make_decode_step, as sequential
         assert sequential(model, [check]).tokens[0] == alone[0, len(check[0]):].tolist()
         for n in counts:
             work = workload(n, config.vocab_size, args.quick)

@@ -299,7 +299,7 @@ def test_generate_makes_one_decode_step_and_works_without_one():
         return lambda idx, cache: calls.append(idx.shape) or step(idx, cache)
 
     model.make_decode_step = counting_make_decode_step
-    fast = generate(model, TOKENS[:, :5], 20, temperature=0)
+    fast = generate(model, TOKENS[:, :5], 20, temperature=0, fast=False)   # chapter 11's step
     assert len(made) == 1                                          # once per generation
     assert calls[0] == (3, 5) and calls[1:] == [(3, 1)] * 19       # prefill, then one per step
     generate(model, TOKENS[:, :5], 20, temperature=0, use_cache=False)

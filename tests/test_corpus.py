@@ -1,4 +1,5 @@
-"""Chapter 12's corpus: book/data/corpus.txt and the script that writes it (tools/make_corpus.py)."""
+"""Chapter 12's corpus: book/data/corpus.txt and the script that writes it
+(tools/make_corpus.py)."""
 
 import importlib.util
 import json

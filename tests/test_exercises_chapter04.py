@@ -6,7 +6,8 @@ import torch
 
 from minitransformer import one_hot
 
-from minitransformer.exercises.chapter04 import check_attend, check_feature_weights, check_feed_forward
+from minitransformer.exercises.chapter04 import (check_attend, check_feature_weights,
+                                                 check_feed_forward)
 
 # --- correct solutions, written the way the book's solutions are ---------------------------
 
@@ -122,7 +123,8 @@ def test_feature_weights_hints(capsys):
     (lambda x, w1, b1, w2, b2: (x @ w1 + b1) @ w2 + b2, "the ReLU is missing"),
     (lambda x, w1, b1, w2, b2: (torch.relu(x @ w1) + b1) @ w2 + b2,
      "the ReLU comes after the bias"),
-    (lambda x, w1, b1, w2, b2: torch.relu((x @ w1 + b1) @ w2 + b2), "belongs between the two layers"),
+    (lambda x, w1, b1, w2, b2: torch.relu((x @ w1 + b1) @ w2 + b2),
+     "belongs between the two layers"),
     (lambda x, w1, b1, w2, b2: torch.relu(x @ w1) @ w2 + b2, "a bias is missing"),
 ])
 def test_feed_forward_hints(wrong, hint, capsys):

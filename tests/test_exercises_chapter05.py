@@ -52,7 +52,8 @@ def test_accepts_torch_softmax_too(capsys):
 
 
 @pytest.mark.parametrize("wrong, hint", [
-    (lambda s: torch.exp(s) / torch.exp(s).sum(dim=-1, keepdim=True), "exp of a large score overflows"),
+    (lambda s: torch.exp(s) / torch.exp(s).sum(dim=-1, keepdim=True),
+     "exp of a large score overflows"),
     (lambda s: s / s.sum(dim=-1, keepdim=True), "softmax takes exp of the scores"),
     (lambda s: torch.exp(s - s.max(dim=-1, keepdim=True).values), "divided by their sum"),
     (lambda s: torch.softmax(s, dim=0), "you normalised down the columns"),

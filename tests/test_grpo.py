@@ -333,7 +333,7 @@ def test_sampling_a_group_is_one_decode_step_per_token(make):
     """The same count on the fast path that an unhooked model takes: the prefill and each
     decode step are one call of the step function for all the rows."""
     model = make()
-    calls, make_step = [], model.make_decode_step
+    calls, make_step = [], model.make_fast_decode_step        # generate's default step
 
     def counting_step():
         step = make_step()
@@ -343,7 +343,7 @@ def test_sampling_a_group_is_one_decode_step_per_token(make):
             return step(idx, cache)
         return counted
 
-    model.make_decode_step = counting_step
+    model.make_fast_decode_step = counting_step
     sample_group(model, [[1, 2, 3], [4, 5, 6]], 8, 5)
     assert calls == [(16, 3)] + [(16, 1)] * 4
 

@@ -156,7 +156,8 @@ def test_sampling_is_repeatable_and_follows_the_chain():
 def test_sampling_stops_at_max_len():
     vocab = Vocabulary(["a", "b"])
     loop = np.array([[0.0, 1.0], [1.0, 0.0]])
-    assert walk_chain(loop, vocab, "a", rng=np.random.default_rng(0), max_len=5) == ["a", "b", "a", "b", "a"]
+    walked = walk_chain(loop, vocab, "a", rng=np.random.default_rng(0), max_len=5)
+    assert walked == ["a", "b", "a", "b", "a"]
     assert walk_chain(loop, vocab, "b", rng=np.random.default_rng(0), max_len=1) == ["b"]
 
 
@@ -242,7 +243,8 @@ def test_a_word_outside_the_vocabulary_is_named():
 
 def test_weights_must_match_the_sentences_and_sum_to_a_positive_number():
     vocab = Vocabulary(["a", "b"])
-    with pytest.raises(ValueError, match=r"one number per sentence: got shape \(3,\) for 2 sentences"):
+    with pytest.raises(ValueError,
+                       match=r"one number per sentence: got shape \(3,\) for 2 sentences"):
         transition_matrix(["a b", "b a"], vocab, weights=[0.2, 0.3, 0.5])
     with pytest.raises(ValueError, match="must sum to a positive number"):
         second_order_matrix(["a b", "b a"], vocab, weights=[0, 0])
@@ -281,7 +283,8 @@ def test_a_mask_of_the_wrong_shape_or_kind_is_refused():
 def test_walk_chain_checks_matrix_rng_and_max_len():
     vocab = Vocabulary(["a", "b"])
     rng = np.random.default_rng(0)
-    with pytest.raises(ValueError, match=r"shape \(2, 2\) for a vocabulary of 2 words, got \(3, 3\)"):
+    with pytest.raises(ValueError,
+                       match=r"shape \(2, 2\) for a vocabulary of 2 words, got \(3, 3\)"):
         walk_chain(np.eye(3), vocab, "a", rng=rng)
     with pytest.raises(ValueError, match="finite, non-negative"):
         walk_chain(np.array([[0.5, -0.5], [1, 0]]), vocab, "a", rng=rng)

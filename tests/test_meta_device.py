@@ -1,13 +1,14 @@
 """Nothing the package creates lands on an implicit device.
 
-Every public function and module runs here with ``torch.set_default_device("meta")``, DEVICE inputs
-and ``device="cpu"``: a tensor made without an explicit device would land on "meta", so every
-tensor that comes back (outputs, parameters, buffers) must be on the DEVICE. This is the cheap proof,
-without a GPU, that nothing ends up on the wrong device on a CUDA machine.
+Every public function and module runs here with ``torch.set_default_device("meta")``, DEVICE
+inputs and ``device="cpu"``: a tensor made without an explicit device would land on "meta", so
+every tensor that comes back (outputs, parameters, buffers) must be on the DEVICE. This is the
+cheap proof, without a GPU, that nothing ends up on the wrong device on a CUDA machine.
 
 To cover a new public name, append a case below (``@case("name")`` on a function that builds DEVICE
 inputs and returns what the name produced), or list it in ``NOT_TENSOR_CREATING`` with the reason.
-A name in ``minitransformer.__all__`` that is in neither fails ``test_every_public_name_is_covered``.
+A name in ``minitransformer.__all__`` that is in neither fails
+``test_every_public_name_is_covered``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The wheel carries the whole package (every subpackage, e.g. the exercise checkers), built offline.
+"""The wheel carries the whole package (every subpackage, e.g. the exercise checkers), built
+offline.
 
 The build runs on a copy of the sources in a temporary folder, so it leaves no build/ or egg-info
 behind in the repository.

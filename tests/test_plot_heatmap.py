@@ -19,7 +19,8 @@ def close_figures():
 
 
 def test_labels_title_and_values_are_drawn():
-    ax = heatmap([[0.0, 0.5], [1.0, 0.25]], row_labels=["my", "ran"], col_labels=["files", "down"], title="T")
+    ax = heatmap([[0.0, 0.5], [1.0, 0.25]], row_labels=["my", "ran"],
+                 col_labels=["files", "down"], title="T")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["my", "ran"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["files", "down"]
     assert ax.get_title() == "T"
@@ -39,7 +40,8 @@ def test_draws_into_a_given_axes_and_accepts_a_vector():
 
 
 def test_wrong_label_count_or_rank_is_an_error():
-    with pytest.raises(ValueError, match="row_labels has 1 labels for a matrix of shape \\(2, 2\\)"):
+    with pytest.raises(ValueError,
+                       match="row_labels has 1 labels for a matrix of shape \\(2, 2\\)"):
         heatmap(np.eye(2), row_labels=["a"])
     with pytest.raises(ValueError, match="col_labels has 3 labels"):
         heatmap(np.eye(2), col_labels=["a", "b", "c"])

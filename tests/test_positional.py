@@ -92,11 +92,13 @@ def test_device_and_dtype_keywords_place_the_table_like_its_input():
     assert pe[1, 0].item() == math.sin(1.0)
     half = sinusoidal_positional_encoding(3, 8, dtype=torch.float16, device="cpu")
     assert half.dtype == torch.float16
-    torch.testing.assert_close(half.float(), sinusoidal_positional_encoding(3, 8), atol=1e-3, rtol=0)
+    torch.testing.assert_close(half.float(), sinusoidal_positional_encoding(3, 8), atol=1e-3,
+                               rtol=0)
     assert sinusoidal_positional_encoding(3, 8).dtype == torch.get_default_dtype()
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, "float32"])
 def test_a_non_float_dtype_is_a_type_error(dtype):
-    with pytest.raises(TypeError, match=f"dtype must be a floating-point torch.dtype, got {dtype!r}"):
+    with pytest.raises(TypeError,
+                       match=f"dtype must be a floating-point torch.dtype, got {dtype!r}"):
         sinusoidal_positional_encoding(3, 8, dtype=dtype)

@@ -7,12 +7,14 @@ from hypothesis import strategies as st
 
 from minitransformer import Vocabulary, one_hot, tokenize
 
-COMMANDS = ["Show me my directories please.", "Show me my files please.", "Show me my photos please."]
+COMMANDS = ["Show me my directories please.", "Show me my files please.",
+            "Show me my photos please."]
 
 
 def test_tokenize_lowercases_and_drops_punctuation():
     assert tokenize("Show me my files please.") == ["show", "me", "my", "files", "please"]
-    assert tokenize("Check, whether the battery ran down?!") == ["check", "whether", "the", "battery", "ran", "down"]
+    assert tokenize("Check, whether the battery ran down?!") == [
+        "check", "whether", "the", "battery", "ran", "down"]
     assert tokenize("don't stop") == ["don't", "stop"]
     assert tokenize("") == []
 
@@ -73,7 +75,8 @@ def test_one_hot_places_a_single_one_per_row():
     assert one_hot([], 5).shape == (0, 5)
 
 
-@given(st.integers(1, 30).flatmap(lambda n: st.tuples(st.just(n), st.lists(st.integers(0, n - 1), max_size=20))))
+@given(st.integers(1, 30).flatmap(
+    lambda n: st.tuples(st.just(n), st.lists(st.integers(0, n - 1), max_size=20))))
 def test_one_hot_rows_pick_out_rows_of_any_matrix(size_and_ids):
     size, ids = size_and_ids
     matrix = one_hot(ids, size)

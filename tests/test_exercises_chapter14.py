@@ -87,6 +87,15 @@ def my_swiglu_with_linear(x, gate_weight, up_weight, down_weight):
 
 def my_swiglu_from_the_package(x, gate_weight, up_weight, down_weight):
     block = mt.SwiGLU(gate_weight.shape[1], gate_weight.shape[0])
+    weights = {"gate_proj.weight": gate_weight, "up_proj.weight": up_weight,
+               "down_proj.weight": down_weight}       # the arguments, in the graph
+    return torch.func.functional_call(block, weights, (x,))
+
+
+def my_swiglu_from_copied_weights(x, gate_weight, up_weight, down_weight):
+    """Right values, but the weights copied into the block under no_grad: nothing reaches
+    the arguments' gradients (the checker refuses it, see the test below)."""
+    block = mt.SwiGLU(gate_weight.shape[1], gate_weight.shape[0])
     with torch.no_grad():
         block.gate_proj.weight.copy_(gate_weight)
         block.up_proj.weight.copy_(up_weight)

@@ -204,7 +204,19 @@ def difference(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-
         same = bool(got == expected)
     except Exception:  # a comparison that itself fails counts as a difference
         same = False
+    if not same and type(got) is not type(expected) and isinstance(
+            expected, _CONTAINERS) and not (_int(expected) and _int(got)):
+        return f"expected {_a(type(expected).__name__)} but got {_a(got_type)}"
     return None if same else "values differ"
+
+
+#: Values whose type a message names when an answer of another type differs from them.
+_CONTAINERS = (list, tuple, dict, set, frozenset, str, bytes, int)
+
+
+def _a(noun: str) -> str:
+    """``a list``, ``an int``."""
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 #: Said when a count comes back as a float (``whole_numbers=True``).
@@ -266,6 +278,26 @@ def first_difference(expected: Any, got: Any, *, atol: float = 1e-6,
             f"({int(wrong.sum())} of {wrong.size} entries differ)")
 
 
+def largest_difference(expected: Any, got: Any) -> str | None:
+    """Where two numbers, or arrays of the same shape, differ most, with enough digits to see
+    it: ``the largest difference, 3.2e-04, is at [5]: expected 0.8659254 but got 0.8662456``;
+    ``None`` for anything else. For answers whose 4-decimal texts look equal."""
+    try:
+        want = np.asarray(_to_numpy(expected), dtype=np.float64)
+        have = np.asarray(_to_numpy(got), dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if want.shape != have.shape or want.size == 0:
+        return None
+    gaps = np.abs(want - have)
+    if not np.isfinite(gaps).all() or not gaps.any():
+        return None
+    where = np.unravel_index(int(np.argmax(gaps)), gaps.shape)
+    at = f" at {[int(i) for i in where]}" if want.ndim else ""
+    return (f"the largest difference, {gaps[where]:.1e}, is{at}: expected {want[where]:.7g} "
+            f"but got {have[where]:.7g}")
+
+
 # Errors that come from mixing numpy arrays with torch tensors, or float64 with float32.
 _DTYPE_ERRORS = re.compile(
     r"dtype|scalar type|Double|Float|Half|Long"  # torch: "same dtype, but got: double != float"
@@ -285,6 +317,105 @@ def dtype_hint(error: BaseException) -> str | None:
     return None
 
 
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "requires_grad")
+
+
+def _dtype(value: Any) -> str:
+    return str(value.dtype).removeprefix("torch.")
+
+
+NUMPY_HINT = ("return a torch tensor, not a numpy array: the next step multiplies it with the "
+              "model's tensors (B @ A, x @ weight), which refuses numpy arrays and float64; build "
+              "it with torch's own functions (torch.randn, torch.zeros, torch.tensor), or convert "
+              "with torch.as_tensor(a, dtype=torch.float32)")
+LIST_HINT = ("return a tensor, not Python lists: the model and every step after this one take "
+             "tensors (build it with torch.full, torch.zeros or torch.tensor(rows), and fill "
+             "it in)")
+NUMBER_HINT = ("return a tensor, not a Python number: .item() and float() take the number out "
+               "of torch")
+NUMBER_GRADIENT_HINT = ("the result does not carry a gradient: .item() and float() turn it into "
+                        "a Python number, which training cannot call backward() on; return the "
+                        "tensor that the torch operations give")
+FLOAT64_HINT = ("float64 (double) where the inputs are float32: numpy's functions, "
+                "torch.tensor of numpy values and .double() give float64, and torch refuses to "
+                "multiply a float64 tensor with the float32 model (expected both to have the "
+                "same dtype); keep float32, the inputs' dtype (torch's functions give it by "
+                "default), or convert with .float()")
+INTEGER_DTYPE_HINT = ("ids, positions and indices are int64 (torch.long), what torch.tensor of "
+                      "Python ints, torch.full with an int and torch.arange give: gather and "
+                      "the embedding tables index with int64")
+OTHER_DTYPE_HINT = "keep the dtype the reference gives: the inputs' own"
+
+
+def type_problem(expected: Any, got: Any, *, gradient: bool = False
+                 ) -> tuple[str, str] | None:
+    """Why an answer with the right values is still of the wrong type: ``(what, hint)``, e.g.
+    ``("expected a float32 tensor but got a numpy array (float64)", NUMPY_HINT)``, or
+    ``None``. A tensor is expected where the reference returns one, of its dtype; tuples are
+    looked into value by value. ``gradient``: the hint for a Python number says that it
+    carries no gradient."""
+    if isinstance(expected, tuple) and isinstance(got, (tuple, list)) \
+            and len(got) == len(expected):
+        for i, (want, have) in enumerate(zip(expected, got)):
+            found = type_problem(want, have, gradient=gradient)
+            if found is not None:
+                return f"value {i} of the tuple: {found[0]}", found[1]
+        return None
+    if not _is_tensor(expected):
+        return None
+    wanted = f"expected {_a(_dtype(expected))} tensor"
+    if not _is_tensor(got):
+        if isinstance(got, (np.ndarray, np.generic)):
+            kind = "array" if isinstance(got, np.ndarray) else "number"
+            return f"{wanted} but got a numpy {kind} ({got.dtype})", NUMPY_HINT
+        if isinstance(got, (list, tuple)):
+            return f"{wanted} but got {_a(type(got).__name__)}", LIST_HINT
+        if isinstance(got, (int, float, bool)):
+            return (f"{wanted} but got the Python {type(got).__name__} {show(got)}",
+                    NUMBER_GRADIENT_HINT if gradient else NUMBER_HINT)
+        return f"{wanted} but got {_a(type(got).__name__)}", LIST_HINT
+    if got.dtype == expected.dtype:
+        return None
+    if _dtype(got) == "float64" and _dtype(expected) == "float32":
+        hint = FLOAT64_HINT
+    elif _dtype(expected) == "int64" and not got.dtype.is_floating_point:
+        hint = INTEGER_DTYPE_HINT
+    else:
+        hint = OTHER_DTYPE_HINT
+    return f"{wanted} but got {_a(_dtype(got))} tensor", hint
+
+
+NO_GRADIENT_HINT = ("the result does not carry a gradient: .item(), float(), .tolist(), "
+                    ".detach(), .numpy() and torch.tensor(...) of computed numbers cut it from "
+                    "autograd's graph (so does torch.no_grad()), and training calls backward() "
+                    "on it: compute every step with torch operations on the input tensors")
+CUT_GRADIENT_HINT = ("part of the computation is cut from the gradient: a value taken out "
+                     "through .item(), float(), .detach() or .numpy() and put back "
+                     "(torch.tensor(...), a Python loop that collects numbers) is a constant to "
+                     "autograd, so backward() differentiates another function: keep every step "
+                     "that depends on {names} a torch operation")
+
+
+def _tensors(value: Any) -> list:
+    """The tensors of an answer: itself, or those of a tuple or list."""
+    if isinstance(value, (tuple, list)):
+        return [v for item in value for v in _tensors(item)]
+    return [value] if _is_tensor(value) else []
+
+
+def _weighted_sum(outputs: list, weights: list) -> Any:
+    return sum((out * weight).sum() for out, weight in zip(outputs, weights))
+
+
+def _output_weights(outputs: list) -> list:
+    """Fixed weights, one per entry of each output, so that a gradient of their weighted sum
+    tells the entries apart (-2.5, -1.5, ... 3.5, cycling)."""
+    import torch
+    return [((torch.arange(out.numel()) % 7) - 2.5).to(out.dtype).view(out.shape)
+            for out in outputs]
+
+
 @dataclass
 class Checker:
     """Check a learner's function against a reference on fixed cases.
@@ -301,6 +432,15 @@ class Checker:
         match_every_case: a mistake's hint is given only when the mistake gives the learner's
             answer (or raises the learner's error) on every case, not only on the failing one,
             so that two mistakes that agree on one small case are told apart by the others.
+        same_types: an answer with the right values must also be of the reference's type: a
+            tensor of its dtype where the reference returns a tensor (not a numpy array, nested
+            lists, a Python number or float64), with a hint that names the type
+            (:func:`type_problem`).
+        gradients: the names of the reference's arguments that training differentiates (the
+            logits of a loss, the input and the weights of a layer). Once every value is
+            right, each case runs again with those arguments requiring a gradient, and the
+            answer's gradient must reach them and equal the reference's: an answer computed
+            through ``.item()``, ``.detach()`` or a Python loop of numbers fails with a hint.
 
     Calling the checker with the learner's function prints one line and returns a :class:`Verdict`.
     Arguments are deep-copied for every call, so a function that modifies its input in place
@@ -314,6 +454,8 @@ class Checker:
     rtol: float = 1e-5
     whole_numbers: bool = False
     match_every_case: bool = False
+    same_types: bool = False
+    gradients: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if not self.cases:
@@ -326,7 +468,7 @@ class Checker:
         """Check ``function`` without printing; the verdict carries the message."""
         if not callable(function):
             return Verdict(False, f"{FAIL} expected a function but got {type(function).__name__}")
-        not_whole = None
+        not_whole = wrong_type = None
         answers: list[tuple[str, Any]] = []      # for match_every_case
         for number, args in enumerate(self.cases, start=1):
             expected = self.reference(*copy.deepcopy(args))
@@ -349,11 +491,18 @@ class Checker:
                 not_whole = Verdict(False, f"{FAIL} case {number}: for input {shown} expected "
                                     f"the whole number {show(expected)} but got the "
                                     f"{type(got).__name__} {value}. Hint: {WHOLE_NUMBER_HINT}")
+            if problem is None and self.same_types and wrong_type is None:
+                kind = type_problem(expected, got, gradient=bool(self.gradients))
+                if kind is not None:
+                    wrong_type = Verdict(False, f"{FAIL} case {number}: for input {shown} "
+                                         f"{kind[0]}. Hint: {kind[1]}")
             if problem is None:
                 continue
             message = (f"{FAIL} case {number}: for input {shown} expected {show(expected)} "
                        f"but got {show(got)}")
             where = first_difference(expected, got, atol=self.atol, rtol=self.rtol)
+            if where is None and show(expected) == show(got):      # equal at 4 decimals
+                where = largest_difference(expected, got)
             if where is not None:
                 message += f": {where}"
             if problem != "values differ":
@@ -361,7 +510,70 @@ class Checker:
             return Verdict(False, self._hint_for(function, answers, message, args, got=got))
         if not_whole is not None:
             return not_whole
+        if wrong_type is not None:
+            return wrong_type
+        for number, args in enumerate(self.cases if self.gradients else (), start=1):
+            problem = self._gradient_problem(function, args)
+            if problem is not None:
+                return Verdict(False, f"{FAIL} case {number}: for input "
+                               f"{show_input(args, self._names())} {problem}")
         return Verdict(True, f"{PASS} all {len(self.cases)} checks passed")
+
+    def _gradient_problem(self, function: Callable[..., Any], args: tuple) -> str | None:
+        """What is wrong with the gradient of ``function`` on one case, with its hint, or
+        ``None`` (see ``gradients``)."""
+        import torch
+
+        names = self._names() or []
+        where = [names.index(name) for name in self.gradients]
+        listed = " and ".join(self.gradients)
+
+        def prepared() -> tuple[list, list]:
+            call, leaves = list(copy.deepcopy(args)), []
+            for i in where:
+                leaves.append(call[i].detach().clone().requires_grad_(True))
+                call[i] = leaves[-1].clone()    # not a leaf: the function may change it
+            return call, leaves
+
+        call, leaves = prepared()
+        expected = _tensors(self.reference(*call))
+        carried = [out.requires_grad for out in expected]
+        outputs = [out for out in expected if out.requires_grad]
+        weights = _output_weights(outputs)
+        wanted = torch.autograd.grad(_weighted_sum(outputs, weights), leaves)
+        call, leaves = prepared()
+        verb = "requires" if len(where) == 1 else "require"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = _tensors(function(*call))
+        except Exception as exc:
+            text = " ".join(str(exc).splitlines())
+            return (f"the values are right, but when {listed} {verb} a gradient, as in "
+                    f"training, your function raised {type(exc).__name__}: {text}. "
+                    f"Hint: {NO_GRADIENT_HINT}")
+        got = [out for out, needed in zip(got, carried) if needed]
+        if len(got) != len(outputs) or not all(out.requires_grad for out in got):
+            return (f"the values are right, but the result does not carry a gradient (its "
+                    f"requires_grad is False when {listed} {verb} one). Hint: "
+                    f"{NO_GRADIENT_HINT}")
+        cut = CUT_GRADIENT_HINT.format(names=listed)
+        try:
+            found = torch.autograd.grad(_weighted_sum(got, weights), leaves, allow_unused=True)
+        except RuntimeError as exc:
+            text = " ".join(str(exc).splitlines())
+            return f"the values are right, but backward() through them fails: {text}. Hint: {cut}"
+        for name, want, have in zip(self.gradients, wanted, found):
+            if have is None:
+                return (f"the values are right, but the gradient does not reach {name}: "
+                        f"the result does not depend on it as far as autograd can see. "
+                        f"Hint: {cut}")
+            if not torch.allclose(have, want, atol=max(self.atol, 1e-5),
+                                  rtol=max(self.rtol, 1e-4)):
+                gap = largest_difference(want, have)
+                return (f"the values are right, but the gradient with respect to {name} is "
+                        f"not the reference's ({gap}). Hint: {cut}")
+        return None
 
     def _names(self) -> list[str] | None:
         """The reference's parameter names, used to label the arguments of a large case."""

@@ -108,6 +108,8 @@ check_rms_norm = Checker(
             lambda x, weight, eps: x / x.norm(dim=-1, keepdim=True) * weight,
     },
     match_every_case=True,
+    same_types=True,
+    gradients=('x', 'weight'),
 )
 
 
@@ -230,6 +232,8 @@ check_apply_rope = Checker(
     },
     atol=1e-5,
     match_every_case=True,
+    same_types=True,
+    gradients=('x',),
 )
 
 
@@ -277,6 +281,8 @@ check_expand_kv_heads = Checker(
             lambda kv, h: kv.expand(kv.shape[0], h, *kv.shape[2:]),
     },
     match_every_case=True,
+    same_types=True,
+    gradients=('kv',),
 )
 
 
@@ -333,4 +339,6 @@ check_swiglu = Checker(
             lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d,
     },
     match_every_case=True,
+    same_types=True,
+    gradients=('x', 'gate_weight', 'up_weight', 'down_weight'),
 )

@@ -193,6 +193,7 @@ check_left_pad = _ShapeChecker(
     },
     shapes={_RIGHT: _padded_on_the_right},
     match_every_case=True,
+    same_types=True,
 )
 
 
@@ -278,6 +279,7 @@ check_grow_block_table = _ShapeChecker(
         "still holds its lists, the pool's free list and the request's table, and decides "
         "itself what to do with the new ones"),
     match_every_case=True,
+    same_types=True,
 )
 
 
@@ -329,6 +331,7 @@ check_blocks_to_free = Checker(
             set(tables[done][-1:]) - _still_used(tables, done)),
     },
     match_every_case=True,
+    same_types=True,
 )
 
 
@@ -443,4 +446,5 @@ check_merge_partials = Checker(
             _math_exp,
     },
     match_every_case=True,
+    same_types=True,
 )

@@ -416,6 +416,213 @@ def _output_weights(outputs: list) -> list:
             for out in outputs]
 
 
+KEEP_ARGUMENTS_HINT = ("leave the arguments as they were: an in-place operation on one (+=, "
+                       "-=, .add_(), x[...] = ..., .append) changes the caller's own tensor or "
+                       "list, which it still uses afterwards (the reference's log-probabilities, "
+                       "the frozen weight, the conversation); compute a new one instead "
+                       "(x = x - y, not x -= y; labels + [...], not .append)")
+
+
+def _same_value(one: Any, other: Any) -> bool:
+    """Equal, looking into tuples, lists and dicts, tensors and arrays compared as such (NaN
+    equal to NaN; a generator always, as its state is there to change)."""
+    if _is_tensor(one) or _is_tensor(other):
+        import torch
+        return (_is_tensor(one) and _is_tensor(other) and one.shape == other.shape
+                and one.dtype == other.dtype
+                and bool(torch.equal(one, other) or torch.allclose(one, other, rtol=0, atol=0,
+                                                                  equal_nan=True)))
+    if isinstance(one, np.ndarray) or isinstance(other, np.ndarray):
+        return np.array_equal(np.asarray(one), np.asarray(other), equal_nan=True)
+    if isinstance(one, (list, tuple)) and isinstance(other, (list, tuple)):
+        return type(one) is type(other) and len(one) == len(other) and all(
+            map(_same_value, one, other))
+    if isinstance(one, dict) and isinstance(other, dict):
+        return one.keys() == other.keys() and all(_same_value(one[k], other[k]) for k in one)
+    if hasattr(one, "get_state"):       # a generator: drawing from it is what it is for
+        return True
+    try:
+        return bool(one == other)
+    except Exception:       # a comparison that itself fails counts as a change
+        return False
+
+
+NON_FINITE_HINT = ("your answer holds inf or NaN where the expected one is finite: in float32, "
+                   "exp() overflows to inf above about 88, and log(0) is -inf (the sigmoid or "
+                   "softmax of a large negative number rounds to 0); use the stable forms, "
+                   "which subtract the largest value first: log_softmax, logsumexp, "
+                   "F.logsigmoid, F.softplus, cross_entropy")
+
+
+def _non_finite(expected: Any, got: Any) -> bool:
+    try:
+        want = np.asarray(_to_numpy(expected), dtype=np.float64)
+        have = np.asarray(_to_numpy(got), dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    return bool(np.isfinite(want).all() and not np.isfinite(have).all())
+
+
+_MATMUL = re.compile(r"shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
+_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b "
+                        r"\((\d+)\) at non-singleton dimension (\d+)")
+
+
+def error_hint(error: BaseException) -> str | None:
+    """A hint for the errors that a kind of mistake raises, whatever the exercise: a matrix
+    product or a broadcast of shapes that do not fit, .view of a slice, Python's if, max or
+    math functions on a tensor of several numbers, mixed dtypes; else ``None``."""
+    text = str(error)
+    found = _MATMUL.search(text)
+    if found:
+        a, b, c, d = map(int, found.groups())
+        if b == d:
+            return (f"the shapes do not fit a matrix product ({a}x{b} @ {c}x{d}): the second "
+                    f"factor is the wrong way round. A weight stored as nn.Linear's, "
+                    f"(out_features, in_features), multiplies as x @ weight.T")
+        return (f"the shapes do not fit a matrix product ({a}x{b} @ {c}x{d}): the first's "
+                f"columns must equal the second's rows; print each factor's .shape, a factor "
+                f"is transposed or in the wrong place")
+    found = _BROADCAST.search(text)
+    if found:
+        return (f"two tensors whose shapes do not line up ({found.group(1)} against "
+                f"{found.group(2)} at dimension {found.group(3)}): a reduction without "
+                f"keepdim=True, a missing [:, None], or a factor transposed; print each "
+                f".shape")
+    if "view size is not compatible" in text:
+        return ("use .reshape, not .view: a slice such as logits[:, :-1] is not contiguous in "
+                "memory, and .view cannot regroup it")
+    if "Boolean value of Tensor with more than one value" in text or (
+            "only one element tensors can be converted" in text):
+        return ("Python's if, max, min, math.exp and float() take one number at a time: use "
+                "the tensor operations, which work on every entry at once (torch.maximum, "
+                "torch.where, torch.exp)")
+    if "object is not callable" in text or "has no attribute" in text:
+        return None
+    return dtype_hint(error)
+
+
+def shape_hint(expected: Any, got: Any) -> str | None:
+    """A hint for an answer of the wrong shape: a dimension of size 1 too many or too few, the
+    dimensions in another order, one number for all where one per row is expected (or the
+    other way), one entry too many or too few; else ``None``."""
+    want, have = _to_numpy(expected), _to_numpy(got)
+    if not isinstance(want, np.ndarray):
+        return None
+    try:
+        have = np.asarray(have)
+    except (TypeError, ValueError):
+        return None
+    if have.dtype.kind not in _KINDS or want.shape == have.shape:
+        return None
+    squeezed = tuple(n for n in have.shape if n != 1)
+    if squeezed == tuple(n for n in want.shape if n != 1):
+        if have.ndim > want.ndim:
+            return (f"your answer has a dimension of size 1 too many, shape {have.shape} for "
+                    f"{want.shape}: a reduction with keepdim=True, or an index with None, left "
+                    f"it; squeeze it, or reduce without keepdim")
+        return (f"your answer lacks a dimension of size 1, shape {have.shape} for {want.shape}: "
+                f"keepdim=True, or unsqueeze")
+    if have.ndim == want.ndim and sorted(have.shape) == sorted(want.shape):
+        if have.ndim >= 2 and have.shape == want.shape[:-2] + want.shape[:-3:-1] and \
+                np.allclose(np.swapaxes(have, -1, -2), want, equal_nan=True):
+            return (f"your answer is the expected one transposed, shape {have.shape} for "
+                    f"{want.shape}: swap the last two dimensions back (or transpose the other "
+                    f"factor)")
+        return (f"the dimensions are in another order, shape {have.shape} for {want.shape}: "
+                f"a transpose or a permute too many or too few")
+    if have.ndim == 0 and want.ndim >= 1:
+        return (f"one number for the whole batch where one per row is expected, shape "
+                f"{want.shape}: reduce over the last dimension only (dim=-1), not over all")
+    if want.ndim == 0 and have.ndim >= 1:
+        return (f"return one number, shape (), not one per row ({have.shape}): the mean or sum "
+                f"is over all of them")
+    if have.ndim == want.ndim and have.ndim >= 1:
+        gaps = [(d, h - w) for d, (h, w) in enumerate(zip(have.shape, want.shape)) if h != w]
+        if len(gaps) == 1 and abs(gaps[0][1]) == 1:
+            dim, gap = gaps[0]
+            return (f"one entry too {'many' if gap > 0 else 'few'} along dimension {dim}, shape "
+                    f"{have.shape} for {want.shape}: an off-by-one, a slice or a token "
+                    f"{'too many' if gap > 0 else 'left out'}")
+    if have.ndim > want.ndim:
+        return (f"your answer has more dimensions than expected, shape {have.shape} for "
+                f"{want.shape}: two tensors that broadcast against each other (a (B,) with a "
+                f"(B, 1)), or a dimension not reduced")
+    return None
+
+
+def relation_hint(pairs: list, names: Sequence[str] | None = None) -> str | None:
+    """A hint from how the answers relate to the expected ones in every case (``pairs``:
+    ``(case, expected, answer)``): the sign flipped, a constant factor or one that is a number
+    argument, a constant offset, the right values in another order, close but not equal."""
+    arrays = []
+    for case, want, have in pairs:
+        try:
+            want = np.asarray(_to_numpy(want), dtype=np.float64)
+            have = np.asarray(_to_numpy(have), dtype=np.float64)
+        except (TypeError, ValueError):
+            return None
+        if want.shape != have.shape or not (np.isfinite(want).all() and np.isfinite(have).all()):
+            return None
+        arrays.append((case, want.ravel(), have.ravel()))
+    wrong = [(case, w, h) for case, w, h in arrays if not np.allclose(h, w, rtol=1e-5, atol=1e-6)]
+    if not wrong:
+        return None
+    def close(a, b):
+        return np.allclose(a, b, rtol=1e-4, atol=1e-5)
+    if all(close(h, -w) for _, w, h in arrays):
+        return ("every value has the wrong sign: one minus too many, or one missing (a loss is "
+                "minus what is maximised; a difference the other way round)")
+    several = all(w.size >= 2 for _, w, _ in arrays)    # a relation within each answer
+    ratios = []
+    for case, w, h in arrays:
+        big = int(np.argmax(np.abs(w)))
+        if abs(w[big]) < 1e-9 or abs(h[big]) < 1e-9 or not close(h, h[big] / w[big] * w):
+            ratios = None
+            break
+        ratios.append(h[big] / w[big])
+    if ratios and any(not np.isclose(r, 1) for r in ratios) and len(arrays) >= 2:
+        if np.allclose(ratios, ratios[0], rtol=1e-4):
+            return (f"every answer is {ratios[0]:.4g} times the expected one: a constant factor "
+                    f"is extra or missing (a scale, a count of bytes or of passes, a mean "
+                    f"for a sum)")
+        for i, name in enumerate(names or []):
+            values = [case[i] if i < len(case) else None for case, _, _ in arrays]
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                       for v in values):
+                continue
+            for power, said in ((1, "times"), (-1, "divided by"), (0.5, "times the root of"),
+                                (-0.5, "divided by the root of"), (2, "times the square of")):
+                if np.allclose(ratios, [v ** power for v in values], rtol=1e-4):
+                    return (f"every answer is the expected one {said} {name}: {name} is "
+                            f"{'counted' if power > 0 else 'divided'} once too often, or in "
+                            f"the wrong place")
+        if several:
+            return (f"each answer is the expected one times a factor that changes from case "
+                    f"to case ({', '.join(f'{r:.3g}' for r in ratios[:4])}): a scale that "
+                    f"depends on the sizes is wrong (a mean for a sum, a division by the wrong "
+                    f"count)")
+    offsets = [h - w for _, w, h in arrays]
+    firsts = [o[0] for o in offsets]
+    if all(np.allclose(o, o[0], rtol=1e-4, atol=1e-6) for o in offsets) and (
+            several or (len(arrays) >= 2 and np.allclose(firsts, firsts[0], rtol=1e-4))):
+        same = np.allclose(firsts, firsts[0], rtol=1e-4)
+        return (f"every value is off by the same amount, "
+                f"{f'{firsts[0]:.4g}' if same else 'one per case'}: a constant added or left "
+                f"out (a + 1, an eps, a bias, a term of the formula)")
+    if several and all(np.allclose(np.sort(h), np.sort(w), rtol=1e-5, atol=1e-6)
+                       for _, w, h in arrays):
+        return ("the right values, in another order: a transpose, reshape or view that "
+                "regroups the numbers, a concatenation in another order, or the wrong axis")
+    if all(np.allclose(h, w, rtol=2e-2, atol=1e-3) for _, w, h in arrays):
+        gap = max(float(np.max(np.abs(h - w) / np.maximum(np.abs(w), 1e-3)))
+                  for _, w, h in arrays)
+        return (f"close to the expected values, but not equal (up to {gap:.1e} relative): a "
+                f"small term differs, such as an eps of another size or in another place, or "
+                f"a bracket that moves it")
+    return None
+
+
 @dataclass
 class Checker:
     """Check a learner's function against a reference on fixed cases.
@@ -432,10 +639,22 @@ class Checker:
         match_every_case: a mistake's hint is given only when the mistake gives the learner's
             answer (or raises the learner's error) on every case, not only on the failing one,
             so that two mistakes that agree on one small case are told apart by the others.
-        same_types: an answer with the right values must also be of the reference's type: a
+        thorough: an answer with the right values must also be of the reference's type: a
             tensor of its dtype where the reference returns a tensor (not a numpy array, nested
             lists, a Python number or float64), with a hint that names the type
-            (:func:`type_problem`).
+            (:func:`type_problem`); it must leave its arguments as they were (as with
+            ``keep_arguments``); and a failure that no listed mistake explains gets a hint
+            from what the answer is (:meth:`_general_hint`): of another type, infinite or NaN,
+            right for another value of a number argument (a value written in), of a shape
+            with a dimension too many or too few, or transposed, with the sign flipped, a
+            factor or an offset off, the right values in another order, or close to the
+            expected ones.
+        keep_arguments: an answer with the right values that changed its arguments (in place)
+            or returned one of its list or dict arguments as its own result fails, with this
+            hint (``True``: :data:`KEEP_ARGUMENTS_HINT`).
+        shapes: ``{hint: predicate}``, tried when no listed mistake explains a failing answer;
+            ``predicate(cases, answers)`` is True when the learner's answers (one per case)
+            have the mistake's shape, whatever the rest of them.
         gradients: the names of the reference's arguments that training differentiates (the
             logits of a loss, the input and the weights of a layer). Once every value is
             right, each case runs again with those arguments requiring a gradient, and the
@@ -454,8 +673,10 @@ class Checker:
     rtol: float = 1e-5
     whole_numbers: bool = False
     match_every_case: bool = False
-    same_types: bool = False
+    thorough: bool = False
     gradients: Sequence[str] = ()
+    keep_arguments: bool | str = False
+    shapes: Mapping[str, Callable[[list, list], bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.cases:
@@ -468,13 +689,15 @@ class Checker:
         """Check ``function`` without printing; the verdict carries the message."""
         if not callable(function):
             return Verdict(False, f"{FAIL} expected a function but got {type(function).__name__}")
-        not_whole = wrong_type = None
+        not_whole = wrong_type = changed = None
+        keep = self.keep_arguments or self.thorough
         answers: list[tuple[str, Any]] = []      # for match_every_case
         for number, args in enumerate(self.cases, start=1):
             expected = self.reference(*copy.deepcopy(args))
             shown = show_input(args, self._names())
+            call = copy.deepcopy(args)
             try:
-                got = function(*copy.deepcopy(args))
+                got = function(*call)
             except NotImplementedError:
                 return Verdict(False, f"{FAIL} not implemented yet")
             except Exception as exc:  # the learner's bug, reported, never raised
@@ -491,7 +714,9 @@ class Checker:
                 not_whole = Verdict(False, f"{FAIL} case {number}: for input {shown} expected "
                                     f"the whole number {show(expected)} but got the "
                                     f"{type(got).__name__} {value}. Hint: {WHOLE_NUMBER_HINT}")
-            if problem is None and self.same_types and wrong_type is None:
+            if problem is None and keep and changed is None:
+                changed = self._changed_arguments(number, args, call, got)
+            if problem is None and self.thorough and wrong_type is None:
                 kind = type_problem(expected, got, gradient=bool(self.gradients))
                 if kind is not None:
                     wrong_type = Verdict(False, f"{FAIL} case {number}: for input {shown} "
@@ -512,6 +737,8 @@ class Checker:
             return not_whole
         if wrong_type is not None:
             return wrong_type
+        if changed is not None:
+            return changed
         for number, args in enumerate(self.cases if self.gradients else (), start=1):
             problem = self._gradient_problem(function, args)
             if problem is not None:
@@ -582,13 +809,99 @@ class Checker:
         except (TypeError, ValueError):
             return None
 
+    def _changed_arguments(self, number: int, args: tuple, call: tuple, got: Any
+                           ) -> Verdict | None:
+        """The verdict on an answer that changed its arguments (``call``, the copies it was
+        given, against ``args``) or returned one of its list or dict arguments; else None."""
+        parts = got if isinstance(got, tuple) else (got,)
+        aliased = any(part is arg for part in parts for arg in call
+                      if isinstance(arg, (list, dict)))
+        mutated = [name for name, before, after in zip(self._names() or [""] * len(args),
+                                                       args, call)
+                   if not _same_value(before, after)]
+        if not mutated and not aliased:
+            return None
+        hint = self.keep_arguments if isinstance(self.keep_arguments, str) \
+            else KEEP_ARGUMENTS_HINT
+        what = (f"changed its argument{'s' if len(mutated) > 1 else ''} "
+                f"{' and '.join(mutated)} to {show_input(call, self._names())}" if mutated
+                else "returned one of its arguments itself, not a new list")
+        return Verdict(False, f"{FAIL} case {number}: for input "
+                       f"{show_input(args, self._names())} your function returned the right "
+                       f"values but {what}. Hint: {hint}")
+
     def _hint_for(self, function: Callable[..., Any], answers: list, message: str,
                   args: tuple, *, got: Any = None, error: Exception | None = None) -> str:
         """:meth:`_with_hint`, or with ``match_every_case`` :meth:`_with_hint_on_every_case`
-        (``answers``: the learner's outcomes of the cases run so far)."""
+        (``answers``: the learner's outcomes of the cases run so far); failing those, a
+        ``shapes`` predicate's hint, then with ``thorough`` :meth:`_general_hint`."""
         if self.match_every_case:
-            return self._with_hint_on_every_case(function, answers, message, error=error)
-        return self._with_hint(message, args, got=got, error=error)
+            text = self._with_hint_on_every_case(function, answers, message, error=error)
+        else:
+            text = self._with_hint(message, args, got=got, error=error)
+        if text != message or not (self.shapes or self.thorough):
+            return text
+        outcomes = [self._outcome(function, case) for case in self.cases]
+        if self.shapes and all(kind == "value" for kind, _ in outcomes):
+            values = [value for _, value in outcomes]
+            for hint, shape in self.shapes.items():
+                try:
+                    matches = bool(shape(self.cases, values))
+                except Exception:       # an answer of another shape altogether
+                    matches = False
+                if matches:
+                    return f"{message}. Hint: {hint}"
+        if self.thorough:
+            hint = self._general_hint(outcomes, args, got=got, error=error)
+            if hint is not None:
+                return f"{message}. Hint: {hint}"
+        return text
+
+    def _general_hint(self, outcomes: list, args: tuple, *, got: Any = None,
+                      error: Exception | None = None) -> str | None:
+        """A hint from what the failing answer is, for a mistake no listed one explains
+        (``outcomes``: the learner's on every case; ``args``: the failing case's)."""
+        if error is not None:
+            return error_hint(error)
+        expected = self.reference(*copy.deepcopy(args))
+        found = type_problem(expected, got, gradient=bool(self.gradients))
+        if found is not None and not isinstance(got, (list, tuple)):
+            return found[1]
+        if _non_finite(expected, got):
+            return NON_FINITE_HINT
+        pairs = []          # (case, expected, answer) where every case gave a value
+        if all(kind == "value" for kind, _ in outcomes):
+            pairs = [(case, self.reference(*copy.deepcopy(case)), answer)
+                     for case, (_, answer) in zip(self.cases, outcomes)]
+        return (self._written_in(pairs) or shape_hint(expected, got)
+                or relation_hint(pairs, self._names()))
+
+    def _written_in(self, pairs: list) -> str | None:
+        """The hint for answers that are the reference's with one number argument fixed at a
+        value it takes in some case (a value written in), when every case agrees."""
+        if not pairs:
+            return None
+        names = self._names() or [f"argument {i + 1}" for i in range(len(pairs[0][0]))]
+        for i, name in enumerate(names):
+            values = [case[i] for case, _, _ in pairs]
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                continue
+            for value in dict.fromkeys(values):
+                if all(v == value for v in values):
+                    continue
+
+                try:
+                    same = all(difference(self.reference(*copy.deepcopy(
+                        case[:i] + (value,) + case[i + 1:])), answer, atol=self.atol,
+                        rtol=self.rtol) is None for case, _, answer in pairs)
+                except Exception:
+                    same = False
+                if same:
+                    other = next(n for n, v in enumerate(values, start=1) if v != value)
+                    return (f"your function answers as if {name} were always {value!r}, the "
+                            f"value some cases give it: use the argument {name}, not a number "
+                            f"written in (case {other} has {name} = {values[other - 1]!r})")
+        return None
 
     @staticmethod
     def _outcome(function: Callable[..., Any], args: tuple) -> tuple[str, Any]:

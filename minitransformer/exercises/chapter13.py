@@ -79,7 +79,7 @@ check_conv1d = Checker(
             lambda x, w, b: x @ w - b,
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('x', 'weight', 'bias'),
 )
 
@@ -137,7 +137,7 @@ check_fuse_qkv = Checker(
             lambda q, k, v: (q + k + v).t(),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )
 
 
@@ -223,7 +223,7 @@ check_parameter_count = Checker(
     },
     whole_numbers=True,
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )
 
 
@@ -327,5 +327,5 @@ check_byte_to_char = _EveryByteChecker(
         "return the character, a str: chr(256 + n), not the number 256 + n":
             lambda b: ord(_TABLE[b]),
     },
-    same_types=True,
+    thorough=True,
 )

@@ -108,7 +108,7 @@ check_rms_norm = Checker(
             lambda x, weight, eps: x / x.norm(dim=-1, keepdim=True) * weight,
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('x', 'weight'),
 )
 
@@ -232,7 +232,7 @@ check_apply_rope = Checker(
     },
     atol=1e-5,
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('x',),
 )
 
@@ -281,7 +281,7 @@ check_expand_kv_heads = Checker(
             lambda kv, h: kv.expand(kv.shape[0], h, *kv.shape[2:]),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('kv',),
 )
 
@@ -339,6 +339,6 @@ check_swiglu = Checker(
             lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d,
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('x', 'gate_weight', 'up_weight', 'down_weight'),
 )

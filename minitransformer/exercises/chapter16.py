@@ -129,7 +129,7 @@ check_sft_labels = Checker(
             i if role == "assistant" else IGNORE for role, content in t for i in content],
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )
 
 
@@ -192,7 +192,7 @@ check_sft_loss = Checker(
         "0": lambda logits, labels: _sft_loss(logits, labels.clamp_min(0)),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('logits',),
 )
 
@@ -255,7 +255,7 @@ check_lora_forward = Checker(
                                                                               A.shape[0]),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('x', 'A', 'B'),
 )
 
@@ -274,7 +274,7 @@ check_lora_merge = Checker(
             lambda weight, A, B, alpha: alpha / A.shape[0] * (weight + B @ A),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )
 
 
@@ -334,7 +334,7 @@ check_lora_init = Checker(
             torch.randn(n, r, generator=g) / math.sqrt(n), torch.zeros(r, m)),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )
 
 
@@ -368,5 +368,5 @@ check_lora_parameter_count = Checker(
     },
     whole_numbers=True,
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )

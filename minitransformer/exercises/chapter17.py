@@ -117,7 +117,7 @@ check_sequence_log_probs = Checker(
             lambda logits, ids, m: -(_token_log_probs(logits, ids)[m[:, 1:]]).mean(),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('logits',),
 )
 
@@ -206,7 +206,7 @@ check_dpo_loss = Checker(
             lambda pc, pr, rc, rr: pc / rc - pr / rr),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('policy_chosen', 'policy_rejected'),
 )
 
@@ -294,7 +294,7 @@ check_group_advantages = Checker(
         "the (N, G) result with .view(-1)": _advantages(flat=False),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )
 
 
@@ -386,6 +386,6 @@ check_clipped_loss = Checker(
             torch.exp(lp - old).clamp(1 - eps, 1 + eps) * adv) * mask).sum() / mask.sum(),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
     gradients=('log_probs',),
 )

@@ -22,83 +22,13 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor
 
-from minitransformer.exercises import FAIL, Checker, Verdict, show_input
+from minitransformer.exercises import Checker
 
 __all__ = ["check_blocks_to_free", "check_grow_block_table", "check_left_pad",
            "check_merge_partials"]
-
-
-@dataclass
-class _ShapeChecker(Checker):
-    """A :class:`Checker` that also knows two kinds of mistake that no single wrong function
-    stands for.
-
-    ``shapes``: ``{hint: predicate}``, tried when no listed mistake explains a failing answer;
-    ``predicate(cases, answers)`` is True when the learner's answers (one per case) have the
-    mistake's shape, whatever the rest of them (right padding, whatever the pads' positions).
-    ``keep_arguments``: where set, an answer that is right but changed the caller's arguments,
-    or returned one of them as its own, fails with this hint.
-    """
-
-    shapes: Mapping[str, Callable[[list, list], bool]] = field(default_factory=dict)
-    keep_arguments: str | None = None
-
-    def run(self, function):
-        changed = []
-
-        def recorded(*args):
-            before = copy.deepcopy(args)
-            result = function(*args)
-            parts = result if isinstance(result, tuple) else (result,)
-            mutated = _differ(args, before)
-            aliased = any(part is arg for part in parts for arg in args
-                          if isinstance(arg, (list, dict)))
-            changed.append((mutated, args) if mutated or aliased else None)
-            return result
-
-        verdict = super().run(recorded if callable(function) else function)
-        if not verdict or self.keep_arguments is None:
-            return verdict
-        for number, (args, change) in enumerate(zip(self.cases, changed), start=1):
-            if change is not None:
-                mutated, after = change
-                what = ("changed its arguments to " + show_input(after, self._names())
-                        if mutated else "returned one of its arguments itself, not a new list")
-                return Verdict(False, f"{FAIL} case {number}: for input "
-                               f"{show_input(args, self._names())} your function returned the "
-                               f"right values but {what}. Hint: {self.keep_arguments}")
-        return verdict
-
-    def _hint_for(self, function, answers, message, args, *, got=None, error=None):
-        text = super()._hint_for(function, answers, message, args, got=got, error=error)
-        if text != message or not self.shapes:
-            return text
-        outcomes = [self._outcome(function, case) for case in self.cases]
-        if any(kind != "value" for kind, _ in outcomes):
-            return text
-        values = [value for _, value in outcomes]
-        for hint, shape in self.shapes.items():
-            try:
-                matches = bool(shape(self.cases, values))
-            except Exception:       # an answer of another shape altogether
-                matches = False
-            if matches:
-                return f"{message}. Hint: {hint}"
-        return text
-
-
-def _differ(one, other) -> bool:
-    try:
-        return bool(one != other)
-    except Exception:       # a comparison that itself fails counts as a change
-        return True
 
 
 # --- my_left_pad(prompts, pad_id) ---------------------------------------------------------------
@@ -148,7 +78,7 @@ def _padded_on_the_right(cases, answers) -> bool:
                for case, answer in zip(cases, answers))
 
 
-check_left_pad = _ShapeChecker(
+check_left_pad = Checker(
     reference=_left_pad,
     # case 4's first prompt contains the pad id itself (a real token 0, pad_id 0)
     cases=[([[5, 6, 7], [8, 9]], 1),
@@ -193,7 +123,7 @@ check_left_pad = _ShapeChecker(
     },
     shapes={_RIGHT: _padded_on_the_right},
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )
 
 
@@ -251,7 +181,7 @@ def _other_free_blocks(cases, answers) -> bool:
     return elsewhere
 
 
-check_grow_block_table = _ShapeChecker(
+check_grow_block_table = Checker(
     reference=_grow_block_table,
     cases=_grow_cases(),
     mistakes={
@@ -279,7 +209,7 @@ check_grow_block_table = _ShapeChecker(
         "still holds its lists, the pool's free list and the request's table, and decides "
         "itself what to do with the new ones"),
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )
 
 
@@ -331,7 +261,7 @@ check_blocks_to_free = Checker(
             set(tables[done][-1:]) - _still_used(tables, done)),
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )
 
 
@@ -446,5 +376,5 @@ check_merge_partials = Checker(
             _math_exp,
     },
     match_every_case=True,
-    same_types=True,
+    thorough=True,
 )

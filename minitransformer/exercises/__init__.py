@@ -374,7 +374,9 @@ def type_problem(expected: Any, got: Any, *, gradient: bool = False
         if isinstance(got, (int, float, bool)):
             return (f"{wanted} but got the Python {type(got).__name__} {show(got)}",
                     NUMBER_GRADIENT_HINT if gradient else NUMBER_HINT)
-        return f"{wanted} but got {_a(type(got).__name__)}", LIST_HINT
+        return (f"{wanted} but got {_a(type(got).__name__)}",
+                f"return a tensor, not {_a(type(got).__name__)}: the exercise asks for the "
+                f"numbers themselves (a module's are its .weight)")
     if got.dtype == expected.dtype:
         return None
     if _dtype(got) == "float64" and _dtype(expected) == "float32":
@@ -445,6 +447,28 @@ def _same_value(one: Any, other: Any) -> bool:
         return bool(one == other)
     except Exception:       # a comparison that itself fails counts as a change
         return False
+
+
+RANDOM_HINT = ("your function gives different answers to the same input: randomness (dropout, "
+               "torch.randn or torch.rand without the generator it is given) has no place "
+               "here; the same input must give the same answer")
+SEVERAL_HINT = ("return one result, not a tuple of several: the exercise asks for the one "
+                "value alone (a trainer may return more, the exercise does not)")
+INTEGER_HINT = ("these are whole numbers (ids, labels, counts): return integers, as the "
+                "exercise does; torch.zeros, torch.full with a float and torch.tensor of floats "
+                "make float32, which cross_entropy's targets, gather and indexing refuse")
+
+
+def _integer_hint(expected: Any, got: Any) -> str | None:
+    """:data:`INTEGER_HINT` for floats where whole numbers are expected."""
+    want, have = _to_numpy(expected), _to_numpy(got)
+    if isinstance(want, np.ndarray) and want.dtype.kind in "iu":
+        try:
+            kind = np.asarray(have).dtype.kind
+        except (TypeError, ValueError):
+            return None
+        return INTEGER_HINT if kind == "f" else None
+    return None
 
 
 NON_FINITE_HINT = ("your answer holds inf or NaN where the expected one is finite: in float32, "
@@ -846,35 +870,61 @@ class Checker:
             values = [value for _, value in outcomes]
             for hint, shape in self.shapes.items():
                 try:
-                    matches = bool(shape(self.cases, values))
+                    matches = bool(shape(copy.deepcopy(self.cases), values))
                 except Exception:       # an answer of another shape altogether
                     matches = False
                 if matches:
                     return f"{message}. Hint: {hint}"
         if self.thorough:
-            hint = self._general_hint(outcomes, args, got=got, error=error)
+            hint = self._general_hint(function, outcomes, args, got=got, error=error)
             if hint is not None:
                 return f"{message}. Hint: {hint}"
         return text
 
-    def _general_hint(self, outcomes: list, args: tuple, *, got: Any = None,
-                      error: Exception | None = None) -> str | None:
+    def _general_hint(self, function: Callable[..., Any], outcomes: list, args: tuple, *,
+                      got: Any = None, error: Exception | None = None) -> str | None:
         """A hint from what the failing answer is, for a mistake no listed one explains
         (``outcomes``: the learner's on every case; ``args``: the failing case's)."""
         if error is not None:
             return error_hint(error)
         expected = self.reference(*copy.deepcopy(args))
         found = type_problem(expected, got, gradient=bool(self.gradients))
-        if found is not None and not isinstance(got, (list, tuple)):
+        if found is not None:
             return found[1]
-        if _non_finite(expected, got):
-            return NON_FINITE_HINT
+        again = self._outcome(function, args)
+        if again[0] != "value" or difference(got, again[1], atol=self.atol, rtol=self.rtol,
+                                             equal_nan=True) is not None:
+            return RANDOM_HINT
+        if isinstance(got, tuple) and not isinstance(expected, tuple):
+            return SEVERAL_HINT
         pairs = []          # (case, expected, answer) where every case gave a value
         if all(kind == "value" for kind, _ in outcomes):
             pairs = [(case, self.reference(*copy.deepcopy(case)), answer)
                      for case, (_, answer) in zip(self.cases, outcomes)]
-        return (self._written_in(pairs) or shape_hint(expected, got)
-                or relation_hint(pairs, self._names()))
+        written_in = self._written_in(pairs)
+        if written_in is not None:
+            return written_in
+        part = ""
+        if isinstance(expected, tuple) and isinstance(got, (tuple, list)) \
+                and len(got) == len(expected):
+            wrong = [i for i, (want, have) in enumerate(zip(expected, got))
+                     if difference(want, have, atol=self.atol, rtol=self.rtol) is not None]
+            if not wrong:
+                return None
+            if sorted(wrong) == wrong and len(wrong) >= 2 and all(
+                    difference(expected[i], got[j], atol=self.atol, rtol=self.rtol) is None
+                    for i, j in zip(wrong, wrong[::-1])):
+                return ("the right values in another order: return them in the order the "
+                        "exercise gives")
+            i = wrong[0]
+            expected, got = expected[i], got[i]
+            pairs = [(case, want[i], have[i]) for case, want, have in pairs
+                     if isinstance(have, (tuple, list)) and len(have) == len(want)]
+            part = f"value {i} of the tuple: "
+        hint = (_integer_hint(expected, got) or
+                (NON_FINITE_HINT if _non_finite(expected, got) else None)
+                or shape_hint(expected, got) or relation_hint(pairs, self._names()))
+        return None if hint is None else part + hint
 
     def _written_in(self, pairs: list) -> str | None:
         """The hint for answers that are the reference's with one number argument fixed at a

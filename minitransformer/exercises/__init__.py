@@ -369,6 +369,8 @@ def type_problem(expected: Any, got: Any, *, gradient: bool = False
         if isinstance(got, (np.ndarray, np.generic)):
             kind = "array" if isinstance(got, np.ndarray) else "number"
             return f"{wanted} but got a numpy {kind} ({got.dtype})", NUMPY_HINT
+        if isinstance(got, tuple) and got and _tensors(got):
+            return f"{wanted} but got a tuple of {_values(len(got))}", SEVERAL_HINT
         if isinstance(got, (list, tuple)):
             return f"{wanted} but got {_a(type(got).__name__)}", LIST_HINT
         if isinstance(got, (int, float, bool)):

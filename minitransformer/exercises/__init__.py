@@ -345,7 +345,8 @@ FLOAT64_HINT = ("float64 (double) where the inputs are float32: numpy's function
 INTEGER_DTYPE_HINT = ("ids, positions and indices are int64 (torch.long), what torch.tensor of "
                       "Python ints, torch.full with an int and torch.arange give: gather and "
                       "the embedding tables index with int64")
-OTHER_DTYPE_HINT = "keep the dtype the reference gives: the inputs' own"
+OTHER_DTYPE_HINT = ("the answer's dtype is {dtype}, the inputs' own (or, for a mask, bool): "
+                    "convert with .to(torch.{dtype}), or build it so from the start")
 
 
 def type_problem(expected: Any, got: Any, *, gradient: bool = False
@@ -383,10 +384,12 @@ def type_problem(expected: Any, got: Any, *, gradient: bool = False
         return None
     if _dtype(got) == "float64" and _dtype(expected) == "float32":
         hint = FLOAT64_HINT
-    elif _dtype(expected) == "int64" and not got.dtype.is_floating_point:
+    elif _dtype(expected) == "int64" and got.dtype.is_floating_point:
+        hint = INTEGER_HINT
+    elif _dtype(expected) == "int64":
         hint = INTEGER_DTYPE_HINT
     else:
-        hint = OTHER_DTYPE_HINT
+        hint = OTHER_DTYPE_HINT.format(dtype=_dtype(expected))
     return f"{wanted} but got {_a(_dtype(got))} tensor", hint
 
 
@@ -461,15 +464,32 @@ INTEGER_HINT = ("these are whole numbers (ids, labels, counts): return integers,
                 "make float32, which cross_entropy's targets, gather and indexing refuse")
 
 
+def _container_hint(expected: Any, got: Any) -> str | None:
+    """The hint for a list where a tuple is expected, or the other way, at the top or inside a
+    tuple of results."""
+    kinds = (list, tuple, set, dict)
+    if isinstance(expected, kinds) and isinstance(got, kinds) \
+            and type(expected) is not type(got):
+        return (f"return {_a(type(expected).__name__)}, not {_a(type(got).__name__)}, as the "
+                f"exercise does (the caller may compare it, or add to it, as "
+                f"{_a(type(expected).__name__)})")
+    if isinstance(expected, tuple) and isinstance(got, tuple) and len(got) == len(expected):
+        for i, (want, have) in enumerate(zip(expected, got)):
+            found = _container_hint(want, have) if isinstance(want, kinds) else None
+            if found is not None:
+                return f"value {i} of the tuple: {found}"
+    return None
+
+
 def _integer_hint(expected: Any, got: Any) -> str | None:
     """:data:`INTEGER_HINT` for floats where whole numbers are expected."""
     want, have = _to_numpy(expected), _to_numpy(got)
     if isinstance(want, np.ndarray) and want.dtype.kind in "iu":
         try:
-            kind = np.asarray(have).dtype.kind
+            have = np.asarray(have)
         except (TypeError, ValueError):
             return None
-        return INTEGER_HINT if kind == "f" else None
+        return INTEGER_HINT if have.dtype.kind == "f" and have.size else None
     return None
 
 
@@ -567,9 +587,13 @@ def shape_hint(expected: Any, got: Any) -> str | None:
         gaps = [(d, h - w) for d, (h, w) in enumerate(zip(have.shape, want.shape)) if h != w]
         if len(gaps) == 1 and abs(gaps[0][1]) == 1:
             dim, gap = gaps[0]
-            return (f"one entry too {'many' if gap > 0 else 'few'} along dimension {dim}, shape "
-                    f"{have.shape} for {want.shape}: an off-by-one, a slice or a token "
-                    f"{'too many' if gap > 0 else 'left out'}")
+            longer, shorter = (have, want) if gap > 0 else (want, have)
+            for end, part in (("first", np.take(longer, range(1, longer.shape[dim]), dim)),
+                              ("last", np.take(longer, range(longer.shape[dim] - 1), dim))):
+                if part.shape == shorter.shape and np.allclose(part, shorter, equal_nan=True):
+                    return (f"one entry too {'many' if gap > 0 else 'few'} along dimension "
+                            f"{dim}, the {end} (shape {have.shape} for {want.shape}): an "
+                            f"off-by-one, a slice that starts or stops one too early or late")
     if have.ndim > want.ndim:
         return (f"your answer has more dimensions than expected, shape {have.shape} for "
                 f"{want.shape}: two tensors that broadcast against each other (a (B,) with a "
@@ -588,7 +612,8 @@ def relation_hint(pairs: list, names: Sequence[str] | None = None) -> str | None
             have = np.asarray(_to_numpy(have), dtype=np.float64)
         except (TypeError, ValueError):
             return None
-        if want.shape != have.shape or not (np.isfinite(want).all() and np.isfinite(have).all()):
+        if want.shape != have.shape or want.size == 0 or not (
+                np.isfinite(want).all() and np.isfinite(have).all()):
             return None
         arrays.append((case, want.ravel(), have.ravel()))
     wrong = [(case, w, h) for case, w, h in arrays if not np.allclose(h, w, rtol=1e-5, atol=1e-6)]
@@ -636,8 +661,8 @@ def relation_hint(pairs: list, names: Sequence[str] | None = None) -> str | None
         return (f"every value is off by the same amount, "
                 f"{f'{firsts[0]:.4g}' if same else 'one per case'}: a constant added or left "
                 f"out (a + 1, an eps, a bias, a term of the formula)")
-    if several and all(np.allclose(np.sort(h), np.sort(w), rtol=1e-5, atol=1e-6)
-                       for _, w, h in arrays):
+    if any(w.size >= 2 for _, w, _ in arrays) and all(
+            np.allclose(np.sort(h), np.sort(w), rtol=1e-5, atol=1e-6) for _, w, h in arrays):
         return ("the right values, in another order: a transpose, reshape or view that "
                 "regroups the numbers, a concatenation in another order, or the wrong axis")
     if all(np.allclose(h, w, rtol=2e-2, atol=1e-3) for _, w, h in arrays):
@@ -867,6 +892,19 @@ class Checker:
             text = self._with_hint(message, args, got=got, error=error)
         if text != message or not (self.shapes or self.thorough):
             return text
+        if self.thorough:       # a wrong answer that changed its arguments: the likely cause
+            call = copy.deepcopy(args)
+            try:
+                with warnings.catch_warnings(), np.errstate(all="ignore"):
+                    warnings.simplefilter("ignore")
+                    function(*call)
+            except Exception:
+                pass
+            changed = [name for name, before, after in zip(self._names() or [], args, call)
+                       if not _same_value(before, after)]
+            if changed:
+                return (f"{message}. Hint: your function changed its argument "
+                        f"{' and '.join(changed)}: {KEEP_ARGUMENTS_HINT}")
         outcomes = [self._outcome(function, case) for case in self.cases]
         if self.shapes and all(kind == "value" for kind, _ in outcomes):
             values = [value for _, value in outcomes]
@@ -878,7 +916,10 @@ class Checker:
                 if matches:
                     return f"{message}. Hint: {hint}"
         if self.thorough:
-            hint = self._general_hint(function, outcomes, args, got=got, error=error)
+            try:
+                hint = self._general_hint(function, outcomes, args, got=got, error=error)
+            except Exception:       # a hint is a help: never a crash of the checker
+                hint = None
             if hint is not None:
                 return f"{message}. Hint: {hint}"
         return text
@@ -893,12 +934,14 @@ class Checker:
         found = type_problem(expected, got, gradient=bool(self.gradients))
         if found is not None:
             return found[1]
-        again = self._outcome(function, args)
-        if again[0] != "value" or difference(got, again[1], atol=self.atol, rtol=self.rtol,
-                                             equal_nan=True) is not None:
-            return RANDOM_HINT
         if isinstance(got, tuple) and not isinstance(expected, tuple):
             return SEVERAL_HINT
+        container = _container_hint(expected, got)
+        if container is not None:
+            return container
+        again = self._outcome(function, args)
+        if again[0] != "value" or not _same_value(got, again[1]):
+            return RANDOM_HINT
         pairs = []          # (case, expected, answer) where every case gave a value
         if all(kind == "value" for kind, _ in outcomes):
             pairs = [(case, self.reference(*copy.deepcopy(case)), answer)

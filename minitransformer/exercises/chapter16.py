@@ -51,7 +51,7 @@ def _labels(turns, role_ids, end_id, *, keep=lambda role: role == "assistant", m
     labels = []
     for role, content in turns:
         kept = keep(role)
-        if marker_slot:
+        if marker_slot is True or (marker_slot == "assistant's" and kept):
             labels.append(role_ids[role] if kept and marker else fill)
         labels += list(content) if kept else [fill] * len(content)
         labels.append(end_id if (kept and end) or other_end else fill)
@@ -156,6 +156,9 @@ check_sft_labels = Checker(
         "one label per token: each turn's role marker gets -100 and the assistant's "
         "end-of-turn token its id, so the labels are as long as the conversation":
             lambda t, r, e: _labels(t, r, e, marker_slot=False, end=False),
+        "one label per token: every turn starts with its role marker, the user's and the "
+        "system's too, and each marker gets a label (-100)":
+            lambda t, r, e: _labels(t, r, e, marker_slot="assistant's"),
         "the system prompt is given, like the user's turns: only the assistant's turns are "
         "labels (role == 'assistant'), the system's get -100":
             lambda t, r, e: _labels(t, r, e, keep=lambda role: role != "user"),

@@ -363,6 +363,11 @@ def type_problem(expected: Any, got: Any, *, gradient: bool = False
             if found is not None:
                 return f"value {i} of the tuple: {found[0]}", found[1]
         return None
+    if type(expected) is int and isinstance(got, np.integer):
+        return (f"expected a Python int but got a numpy {got.dtype}",
+                "return a Python int: np.prod, np.sum and numpy's arithmetic give numpy "
+                "integers, which overflow silently past their width (int64) and are not "
+                "Python ints (json refuses them); convert with int(...)")
     if not _is_tensor(expected):
         return None
     wanted = f"expected {_a(_dtype(expected))} tensor"
@@ -577,6 +582,10 @@ def shape_hint(expected: Any, got: Any) -> str | None:
                     f"factor)")
         return (f"the dimensions are in another order, shape {have.shape} for {want.shape}: "
                 f"a transpose or a permute too many or too few")
+    if have.size == want.size and have.ndim != want.ndim:
+        return (f"the right number of entries in another shape, {have.shape} for "
+                f"{want.shape}: torch.stack adds a dimension where torch.cat joins along one, "
+                f"or a reshape or view groups them otherwise")
     if have.ndim == 0 and want.ndim >= 1:
         return (f"one number for the whole batch where one per row is expected, shape "
                 f"{want.shape}: reduce over the last dimension only (dim=-1), not over all")

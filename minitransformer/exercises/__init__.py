@@ -356,6 +356,10 @@ def type_problem(expected: Any, got: Any, *, gradient: bool = False
     ``None``. A tensor is expected where the reference returns one, of its dtype; tuples are
     looked into value by value. ``gradient``: the hint for a Python number says that it
     carries no gradient."""
+    if isinstance(expected, (tuple, list)) and isinstance(got, (tuple, list)) \
+            and type(got) is not type(expected):
+        return (f"expected {_a(type(expected).__name__)} but got {_a(type(got).__name__)}",
+                _container_hint(expected, got))
     if isinstance(expected, tuple) and isinstance(got, (tuple, list)) \
             and len(got) == len(expected):
         for i, (want, have) in enumerate(zip(expected, got)):
@@ -621,10 +625,12 @@ def relation_hint(pairs: list, names: Sequence[str] | None = None) -> str | None
             have = np.asarray(_to_numpy(have), dtype=np.float64)
         except (TypeError, ValueError):
             return None
-        if want.shape != have.shape or want.size == 0 or not (
-                np.isfinite(want).all() and np.isfinite(have).all()):
+        if want.shape != have.shape or want.size == 0:
             return None
-        arrays.append((case, want.ravel(), have.ravel()))
+        if np.isfinite(want).all() and np.isfinite(have).all():    # the others say nothing
+            arrays.append((case, want.ravel(), have.ravel()))
+    if len(arrays) < min(2, len(pairs)):
+        return None
     wrong = [(case, w, h) for case, w, h in arrays if not np.allclose(h, w, rtol=1e-5, atol=1e-6)]
     if not wrong:
         return None

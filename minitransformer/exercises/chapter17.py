@@ -48,10 +48,10 @@ def _sequence_log_probs(logits: Tensor, ids: Tensor, response_mask: Tensor) -> T
 def _log_prob_cases() -> list[tuple]:
     generator = torch.Generator().manual_seed(17)
     cases = []
-    # (prompt length, response length) per row; the rest of each row is padding. Case 3's
-    # second row has no prompt: its first token, which nothing predicts, is left out
+    # (prompt length, response length) per row; the rest of each row is padding. A row of
+    # cases 2 and 3 has no prompt: its first token, which nothing predicts, is left out
     for length, vocab, rows in ((6, 7, [(2, 3), (3, 3)]),
-                                (8, 9, [(3, 5), (2, 3), (4, 2)]),
+                                (8, 9, [(3, 5), (0, 3), (4, 2)]),
                                 (7, 11, [(4, 3), (0, 3)])):
         ids = torch.randint(vocab, (len(rows), length), generator=generator)
         response_mask = torch.zeros(len(rows), length, dtype=torch.bool)
@@ -90,6 +90,13 @@ check_sequence_log_probs = Checker(
         "log of the product of their probabilities), as DPO and TRL use it":
             lambda logits, ids, m: _masked(_token_log_probs(logits, ids), m[:, 1:])
             / m[:, 1:].sum(-1),
+        "a sequence's log-probability is the sum of its tokens', not their mean (divided by "
+        "the response's length)": lambda logits, ids, m: _masked(
+            _token_log_probs(logits, ids), m[:, 1:]) / m.sum(-1),
+        "shift the logits against the ids: the logits at position t - 1 score token t, so "
+        "logits[:, :-1] against ids[:, 1:]; masking with response_mask[:, 1:] alone scores "
+        "each token by the logits that already saw it": lambda logits, ids, m: _masked(
+            logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)[:, 1:], m[:, 1:]),
         "take log_softmax of the logits first: logits are not log-probabilities until they "
         "are normalised over the vocabulary": lambda logits, ids, m: _masked(
             logits[:, :-1].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1), m[:, 1:]),
@@ -109,8 +116,8 @@ check_sequence_log_probs = Checker(
         "one number per sequence, shape (B,): sum each row over its positions (dim=-1)":
             lambda logits, ids, m: _token_log_probs(logits, ids) * m[:, 1:],
         "slice, do not roll: torch.roll wraps around, so the last position's logits score "
-        "the first token; score logits[:, :-1] on ids[:, 1:] (the first token has no logits "
-        "before it)": lambda logits, ids, m: _masked(logits.log_softmax(-1).gather(
+        "the first token, which has no logits before it; take logits[:, :-1] against "
+        "ids[:, 1:]": lambda logits, ids, m: _masked(logits.log_softmax(-1).gather(
             -1, ids.roll(-1, dims=1).unsqueeze(-1)).squeeze(-1), m.roll(-1, dims=1)),
         "a sequence's log-probability is the sum of its tokens' log-probabilities (the log of "
         "the product of their probabilities), not the log of the sum of their probabilities":

@@ -237,6 +237,9 @@ check_grow_block_table = Checker(
         "num_tokens already counts the newest token, no + 1)":
             lambda t, n, f, b: _grow(t, n, f, b, count=lambda n, b: n // b + 1),
         "the table already holds len(block_table) blocks: take only the ones it lacks":
+            lambda t, n, f, b: _grow(t, n, f, b, taken=lambda need, table: need),
+        "the table already holds len(block_table) blocks: when it must grow, take only the "
+        "ones it lacks, needed - len(block_table), not all it needs":
             lambda t, n, f, b: _grow(t, n, f, b, taken=lambda need, table: need
                                      if need > len(table) else 0),
         "take a block only when the table cannot hold num_tokens tokens; a step inside a block "

@@ -976,6 +976,8 @@ class Checker:
                     for i, j in zip(wrong, wrong[::-1])):
                 return ("the right values in another order: return them in the order the "
                         "exercise gives")
+            if len(wrong) > 1:      # several parts wrong: no one part's relation explains it
+                return None
             i = wrong[0]
             expected, got = expected[i], got[i]
             pairs = [(case, want[i], have[i]) for case, want, have in pairs

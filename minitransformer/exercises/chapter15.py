@@ -318,10 +318,11 @@ check_ring_bytes = Checker(
         "the share is (N - 1)/N, below 1, not N/(N - 1): each process sends N - 1 of the N "
         "chunks":
             lambda p, n, b: 2 * n / (n - 1) * p * b,
-        "the share is (N - 1)/N, below 1, not N/(N - 1): each process sends N - 1 of the N "
-        "chunks (and one process sends nothing)":
+        "each process sends N - 1 of the N chunks, a share below 1: N over N - 1 is above "
+        "it (and one process sends nothing)":
             lambda p, n, b: 2 * n / (n - 1) * p * b if n > 1 else 0.0,
-        "(n - 1) // n is integer division, 0 for every n: divide with /, (n - 1) / n":
+        "integer division rounds the share (world_size - 1) // world_size down to 0 for "
+        "every world size: divide with /":
             lambda p, n, b: 2 * ((n - 1) // n) * p * b,
         "each pass sends N - 1 chunks of 1/N, not one chunk: 2 (N - 1) / N of the numbers":
             lambda p, n, b: 2 * p * b / n,

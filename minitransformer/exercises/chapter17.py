@@ -163,8 +163,10 @@ def _dpo_cases() -> list[tuple]:
         ref_chosen = chosen + torch.randn(pairs, generator=generator)
         ref_rejected = rejected + torch.randn(pairs, generator=generator)
         cases.append((chosen, rejected, ref_chosen, ref_rejected, beta))
-    # case 3's first pair: a long chosen answer the policy finds far less likely than the
-    # reference does, beta * margin = -150, where sigmoid rounds to 0 in float32
+    # the first pair of cases 2 and 3: a long chosen answer the policy finds far less likely
+    # than the reference does, beta * margin = -150, where sigmoid rounds to 0 in float32
+    pc, pr, rc, rr, beta = cases[1]
+    pc[0], pr[0], rc[0], rr[0] = -400.0, -30.0, -110.0, -40.0
     pc, pr, rc, rr, beta = cases[2]
     pc[0], pr[0], rc[0], rr[0] = -250.0, -20.0, -180.0, -25.0
     chosen, rejected = -(2 + 18 * torch.rand(2, 3, generator=generator))
@@ -194,9 +196,9 @@ check_dpo_loss = Checker(
         "two separate terms, one pushing the chosen answer up and one the rejected down, are "
         "another loss": lambda pc, pr, rc, rr, beta: (
             -F.logsigmoid(beta * (pc - rc)) - F.logsigmoid(-beta * (pr - rr))).mean(),
-        "log(sigmoid(x)) rounds to log(0) = -inf once x is below about -100 (case 3 has a "
-        "pair at -150): F.logsigmoid(x), or -F.softplus(-x), computes it without the round "
-        "trip": _dpo(lambda m, beta: -torch.log(torch.sigmoid(beta * m)).mean()),
+        "log(sigmoid(x)) rounds to log(0) = -inf once x is below about -100 (cases 2 and 3 "
+        "have a pair at -150): F.logsigmoid(x), or -F.softplus(-x), computes it without the "
+        "round trip": _dpo(lambda m, beta: -torch.log(torch.sigmoid(beta * m)).mean()),
         "keep the reference: each log-probability is compared with the reference model's, "
         "(policy_chosen - ref_chosen) - (policy_rejected - ref_rejected); without it nothing "
         "holds the policy near the model it started from":

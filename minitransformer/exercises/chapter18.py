@@ -177,15 +177,16 @@ def _grow_block_table(block_table: list[int], num_tokens: int, free_blocks: list
 
 
 def _grow_cases() -> list[tuple]:
-    # a prefill of 10 tokens into an empty table, a decode step that fills a block exactly, one
-    # that starts a new block, a step within a block of a table that holds one block more than
-    # its tokens need (cut back after a rejected draft), and a prefill of exactly two blocks
+    # a prefill of 10 tokens into an empty table (2.5 blocks), a decode step that fills a block
+    # exactly, one that starts a new block, a step within a block of a table that holds one
+    # block more than its tokens need (cut back after a rejected draft), a prefill of exactly
+    # two blocks, and a chunk that brings a table of one block to 30 tokens (1.9 blocks)
     return [([], 10, [7, 2, 9, 4, 0], 4),
             ([3, 5], 8, [1, 6, 0], 4),
             ([3, 5], 9, [1, 6, 0], 4),
             ([8, 5], 3, [2, 1], 4),
             ([], 32, [11, 4, 6, 1], 16),
-            ([4, 1, 6], 33, [9, 2, 5, 0], 16)]
+            ([4], 30, [9, 2, 5, 0], 16)]
 
 
 _FRONT = ("take the blocks from the front of the free list, in order (free_blocks[:k]), as the "

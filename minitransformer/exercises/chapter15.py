@@ -859,12 +859,29 @@ class _TwoRankChecker(Checker):
                    and _same(found[rank][number][2], kept)
                    for shares, local, number in done for rank in (0, 1)):
                 return hint
+        if done and all(_some_averaged(found[rank][number][1], local[rank],
+                                       _gradients(slice(0, sum(shares))))
+                        for shares, local, number in done for rank in (0, 1)):
+            return _SOME_PARAMETERS_HINT
         return None
 
     def _locals(self) -> list[tuple[tuple, list[list[Tensor]]]]:
         """Each case's shares and the two ranks' own gradients before any averaging."""
         return [(shares, [_gradients(slice(sum(shares[:r]), sum(shares[:r + 1])))
                           for r in (0, 1)]) for shares in self.cases]
+
+
+_SOME_PARAMETERS_HINT = ("only some parameters' gradients were averaged, the others are still "
+                         "the rank's own: average every parameter's (a return inside the loop "
+                         "over model.parameters() stops after the first)")
+
+
+def _some_averaged(got: list, own: list, whole: list) -> bool:
+    """Each gradient either the right one or the rank's own, the first right, some own."""
+    right = [_same([a], [b]) for a, b in zip(got, whole)]
+    kept = [_same([a], [b]) for a, b in zip(got, own)]
+    return bool(right) and right[0] and all(r or k for r, k in zip(right, kept)) and \
+        not all(right)
 
 
 def _left_alike(got: list, expected: list) -> bool:

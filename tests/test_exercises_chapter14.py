@@ -705,3 +705,20 @@ def test_catalogue_coverage():
     assert share >= 0.9
     for checker in (R, P, E, S):
         assert sum(entry[1] is checker for entry in CATALOGUE) >= 8
+
+
+# --- issue 40: answers that cannot be trained through, or that change their arguments ---------
+
+def test_an_rms_norm_with_a_detached_root_fails_with_the_cut_hint(capsys):
+    def my_rms_norm(x, weight, eps):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach() * weight
+    assert not check_rms_norm(my_rms_norm)
+    assert "part of the computation is cut" in _hint(capsys.readouterr().out)
+
+
+def test_a_rope_that_turns_the_callers_x_in_place_fails(capsys):
+    def my_apply_rope(x, offset, theta):
+        x.copy_(check_apply_rope.reference(x, offset, theta))
+        return x
+    assert not check_apply_rope(my_apply_rope)
+    assert "leave the arguments as they were" in _hint(capsys.readouterr().out)

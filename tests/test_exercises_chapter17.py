@@ -524,3 +524,42 @@ def test_the_clipped_reference_is_the_packages_grpo_loss_as_dapo():
     for lp, old, adv, mask, eps in check_clipped_loss.cases:
         torch.testing.assert_close(check_clipped_loss.reference(lp, old, adv, mask, eps),
                                    grpo_loss(lp, old, adv, mask, epsilon=eps, loss_type="dapo"))
+
+
+# --- issue 40: answers that cannot be trained through; unreadable failures -------------------
+
+def test_log_probs_through_item_fail_with_the_gradient_hint(capsys):
+    def log_probs(logits, ids, response_mask):
+        rows = []
+        for b in range(ids.shape[0]):
+            total = 0.0
+            for t in range(1, ids.shape[1]):
+                if response_mask[b, t]:
+                    total += logits[b, t - 1].log_softmax(-1)[ids[b, t]].item()
+            rows.append(total)
+        return torch.tensor(rows)
+    assert "does not carry a gradient" in _hint(check_sequence_log_probs, log_probs, capsys)
+
+
+def test_a_dpo_loss_as_a_python_float_fails_with_the_gradient_hint(capsys):
+    def loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
+        return my_dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta).item()
+    assert "the result does not carry a gradient" in _hint(check_dpo_loss, loss, capsys)
+
+
+def test_a_clipped_loss_with_the_ratio_detached_fails_with_the_gradient_hint(capsys):
+    def loss(log_probs, old_log_probs, advantages, mask, epsilon):
+        return my_clipped_loss(log_probs.detach(), old_log_probs, advantages, mask, epsilon)
+    assert "does not carry a gradient" in _hint(check_clipped_loss, loss, capsys)
+
+
+def test_advantages_that_look_equal_at_4_decimals_show_the_largest_difference(capsys):
+    """1e-4 inside the root: the answers print alike at 4 decimals; the message shows where
+    they differ most, with 7 digits, and the hint says a small term differs."""
+    def advantages(rewards, group_size):
+        g = rewards.view(-1, group_size)
+        return ((g - g.mean(1, keepdim=True)) / (g.var(1, keepdim=True) + 1e-4).sqrt()).view(-1)
+    assert not check_group_advantages(advantages)
+    out = capsys.readouterr().out
+    assert "the largest difference, " in out and "expected 0.8658754 but got" in out
+    assert "a small term differs" in out

@@ -16,6 +16,11 @@ by the first entry where it differs from the expected one. A wrong shape, a wron
 NaN in the answer, or an exception raised by the learner's code is reported the same way and
 never crashes the notebook; an error from mixing numpy arrays with torch tensors, or float64 with
 float32, comes with a hint about dtypes.
+From chapter 13 on, the checkers are ``thorough``: an answer with the right values must also
+be of the reference's type (a float32 tensor, not a numpy array, nested lists, a Python number
+or float64; a tuple, not a list), leave its arguments as they were, and, where training
+differentiates the result, carry the reference's gradient (``gradients``); and a failure no
+listed mistake explains gets a hint from what the answer is (see :class:`Checker`).
 Each chapter's checkers live in a module of this package named after the chapter, e.g.
 :mod:`minitransformer.exercises.chapter01`.
 """

@@ -543,3 +543,31 @@ def test_catalogue_coverage():
     assert share >= 0.9
     for checker in (check_conv1d, check_fuse_qkv, check_parameter_count, check_byte_to_char):
         assert sum(entry[1] is checker for entry in CATALOGUE) >= 8
+
+
+# --- issue 40: the wrong type, and answers that cannot be trained through ---------------------
+
+def test_a_parameter_count_as_a_numpy_integer_fails_with_its_hint(capsys):
+    import numpy as np
+
+    def count(vocab_size, context_length, num_layers, d_model, d_ff):
+        return np.int64(check_parameter_count.reference(vocab_size, context_length, num_layers,
+                                                        d_model, d_ff))
+    assert _hint(check_parameter_count, count, capsys).startswith("return a Python int")
+
+
+def test_a_conv1d_under_no_grad_fails_with_the_gradient_hint(capsys):
+    def my_conv1d(x, weight, bias):
+        with torch.no_grad():
+            return x @ weight + bias
+    assert "does not carry a gradient" in _hint(check_conv1d, my_conv1d, capsys)
+
+
+def test_a_byte_at_a_ranges_end_is_named(capsys):
+    printable = [*range(33, 126), *range(161, 173), *range(174, 256)]      # '~' left out
+    moved = [b for b in range(256) if b not in printable]
+
+    def my_byte_to_char(b):
+        return chr(b) if b in printable else chr(256 + moved.index(b))
+    hint = _hint(check_byte_to_char, my_byte_to_char, capsys)
+    assert hint.startswith("byte 126 ('~') is moved")

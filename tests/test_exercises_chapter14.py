@@ -87,6 +87,15 @@ def my_swiglu_with_linear(x, gate_weight, up_weight, down_weight):
 
 def my_swiglu_from_the_package(x, gate_weight, up_weight, down_weight):
     block = mt.SwiGLU(gate_weight.shape[1], gate_weight.shape[0])
+    weights = {"gate_proj.weight": gate_weight, "up_proj.weight": up_weight,
+               "down_proj.weight": down_weight}       # the arguments, in the graph
+    return torch.func.functional_call(block, weights, (x,))
+
+
+def my_swiglu_from_copied_weights(x, gate_weight, up_weight, down_weight):
+    """Right values, but the weights copied into the block under no_grad: nothing reaches
+    the arguments' gradients (the checker refuses it, see the test below)."""
+    block = mt.SwiGLU(gate_weight.shape[1], gate_weight.shape[0])
     with torch.no_grad():
         block.gate_proj.weight.copy_(gate_weight)
         block.up_proj.weight.copy_(up_weight)
@@ -696,3 +705,20 @@ def test_catalogue_coverage():
     assert share >= 0.9
     for checker in (R, P, E, S):
         assert sum(entry[1] is checker for entry in CATALOGUE) >= 8
+
+
+# --- issue 40: answers that cannot be trained through, or that change their arguments ---------
+
+def test_an_rms_norm_with_a_detached_root_fails_with_the_cut_hint(capsys):
+    def my_rms_norm(x, weight, eps):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach() * weight
+    assert not check_rms_norm(my_rms_norm)
+    assert "part of the computation is cut" in _hint(capsys.readouterr().out)
+
+
+def test_a_rope_that_turns_the_callers_x_in_place_fails(capsys):
+    def my_apply_rope(x, offset, theta):
+        x.copy_(check_apply_rope.reference(x, offset, theta))
+        return x
+    assert not check_apply_rope(my_apply_rope)
+    assert "leave the arguments as they were" in _hint(capsys.readouterr().out)

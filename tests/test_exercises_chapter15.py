@@ -61,12 +61,29 @@ def my_zero_bytes_per_gpu(num_parameters, world_size, stage):
 def my_zero_bytes_by_cases(num_parameters, world_size, stage):
     p, n = num_parameters, world_size
     if stage == 0:
-        return [2 * p, 2 * p, 12 * p]                       # a list of ints is right too
+        return 2 * p, 2 * p, 12 * p                         # ints are right too
     if stage == 1:
-        return 2 * p, 2 * p, 12 * p // n
+        return 2 * p, 2 * p, 12 * p / n
     if stage == 2:
-        return 2 * p, 2 * p // n, 12 * p // n
+        return 2 * p, 2 * p / n, 12 * p / n
     return 2 * p / n, 2 * p / n, 12 * p / n
+
+
+def test_zero_bytes_as_a_list_or_by_floor_division_is_refused(capsys):
+    """The exercise asks for a tuple, and the bytes on one GPU are a fraction when world_size
+    does not divide them (case 2 has 7 GPUs): a list, or //, fails with its hint."""
+    def as_a_list(num_parameters, world_size, stage):
+        return list(my_zero_bytes_per_gpu(num_parameters, world_size, stage))
+
+    def by_floor_division(num_parameters, world_size, stage):
+        p, n = num_parameters, world_size
+        return 2 * p // (n if stage >= 3 else 1), 2 * p // (n if stage >= 2 else 1), \
+            12 * p // (n if stage >= 1 else 1)
+
+    assert not check_zero_bytes(as_a_list)
+    assert "return a tuple, not a list" in _hint(_out(capsys))
+    assert not check_zero_bytes(by_floor_division)
+    assert "divide with /" in _hint(_out(capsys))
 
 
 CORRECT = {
@@ -259,7 +276,7 @@ def test_restore_that_forgets_the_weights(capsys):
 def test_ring_bytes_without_the_two_passes(capsys):
     assert not check_ring_bytes(lambda p, n, b: (n - 1) / n * p * b)
     out = _out(capsys)
-    assert out.startswith("✗ case 1: for input (1000, 4, 4) expected 6000 but got 3000")
+    assert out.startswith("✗ case 1: for input (1000, 3, 4) expected 5333 but got 2667")
     assert _hint(out).startswith("a ring all-reduce has two passes")
 
 
@@ -337,8 +354,8 @@ def test_zero_stage_two_that_shards_the_weights_instead_of_the_gradients(capsys)
                for case in check_zero_bytes.cases)
     assert not check_zero_bytes(wrong)
     out = _out(capsys)
-    assert out.startswith("✗ case 2: for input (1000, 4, 2) expected (2000, 500, 3000) but "
-                          "got (500, 2000, 3000)")
+    assert out.startswith("✗ case 2: for input (1000, 7, 2) expected (2000, 285.7, 1714) "
+                          "but got (285.7, 2000, 1714)")
     assert _hint(out).startswith("stage 2 shards the gradients, not the weights")
 
 

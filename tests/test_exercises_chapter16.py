@@ -76,11 +76,8 @@ def my_lora_forward(x, weight, A, B, alpha):
 def my_lora_forward_with_the_package(x, weight, A, B, alpha):
     base = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     layer = LoRALinear(base, A.shape[0], alpha=alpha)
-    with torch.no_grad():
-        base.weight.copy_(weight)
-        layer.lora_A.weight.copy_(A)
-        layer.lora_B.weight.copy_(B)
-        return layer(x)
+    weights = {"base_layer.weight": weight, "lora_A.weight": A, "lora_B.weight": B}
+    return torch.func.functional_call(layer, weights, (x,))     # the arguments, in the graph
 
 
 def my_lora_merge(weight, A, B, alpha):
@@ -438,3 +435,55 @@ def test_count_with_the_bias(capsys):
     def count(shapes, r):
         return sum(r * d_in + d_out * r + d_out for d_out, d_in in shapes)
     assert "bias is frozen" in _hint(check_lora_parameter_count, count, capsys)
+
+
+# --- issue 40: answers that cannot be trained through, of the wrong type, or misleadingly told -
+
+def test_an_sft_loss_through_item_fails_with_the_gradient_hint(capsys):
+    """The right value, computed through .item() in a loop: no gradient to train with."""
+    def my_sft_loss(logits, labels):
+        vocab, total, count = logits.shape[-1], 0.0, 0
+        for row_logits, row_labels in zip(logits[:, :-1].reshape(-1, vocab),
+                                          labels[:, 1:].reshape(-1)):
+            if row_labels != -100:
+                total += -row_logits.log_softmax(-1)[row_labels].item()
+                count += 1
+        return torch.tensor(total / count)
+    assert "does not carry a gradient" in _hint(check_sft_loss, my_sft_loss, capsys)
+
+
+def test_an_sft_loss_with_a_detached_normaliser_fails_with_the_cut_hint(capsys):
+    """The right value and a gradient, but log_softmax's normaliser detached: the gradient
+    differs from the reference's."""
+    def my_sft_loss(logits, labels):
+        vocab = logits.shape[-1]
+        shifted = logits[:, :-1].reshape(-1, vocab)
+        log_probs = shifted - shifted.logsumexp(-1, keepdim=True).detach()
+        return F.nll_loss(log_probs, labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert "part of the computation is cut" in _hint(check_sft_loss, my_sft_loss, capsys)
+
+
+def test_a_lora_init_in_numpy_or_float64_fails_with_its_type(capsys):
+    def in_numpy(in_features, out_features, r, generator):
+        A, B = check_lora_init.reference(in_features, out_features, r, generator)
+        return A.numpy(), B.numpy()
+
+    def in_float64(in_features, out_features, r, generator):
+        A, B = check_lora_init.reference(in_features, out_features, r, generator)
+        return A.double(), B
+    assert "not a numpy array" in _hint(check_lora_init, in_numpy, capsys)
+    assert "float64 (double)" in _hint(check_lora_init, in_float64, capsys)
+
+
+def test_a_count_from_the_first_layer_is_told_so(capsys):
+    """Issue 40: len(shapes) * r * (in + out) of the first layer was told 'not 2 * r * in';
+    case 4's layers now differ, and the hint names the first layer."""
+    assert "not len(shapes) times the first layer's" in _hint(
+        check_lora_parameter_count, lambda shapes, r: len(shapes) * r * sum(shapes[0]), capsys)
+
+
+def test_a_merge_that_changes_the_callers_weight_fails(capsys):
+    def my_lora_merge(weight, A, B, alpha):
+        weight += alpha / A.shape[0] * (B @ A)
+        return weight
+    assert "leave the arguments as they were" in _hint(check_lora_merge, my_lora_merge, capsys)

@@ -141,7 +141,6 @@ CORRECT = {
     "dpo": (check_dpo_loss, my_dpo_loss),
     "dpo_log_ratios": (check_dpo_loss, my_dpo_loss_with_log_ratios),
     "dpo_softplus": (check_dpo_loss, my_dpo_loss_with_softplus),
-    "dpo_log_sigmoid": (check_dpo_loss, my_dpo_loss_with_log_of_sigmoid),
     "dpo_rewards": (check_dpo_loss, my_dpo_loss_from_rewards),
     "advantages": (check_group_advantages, my_group_advantages),
     "advantages_trl": (check_group_advantages, my_group_advantages_as_trl),
@@ -269,6 +268,13 @@ def test_log_probs_summed_over_the_prompt(capsys):
     assert "over the prompt" in _hint(check_sequence_log_probs, log_probs, capsys)
 
 
+def test_dpo_through_log_of_sigmoid_is_refused(capsys):
+    """-log(sigmoid(x)) is -inf's mirror once sigmoid rounds to 0 (x below about -100 in
+    float32): the cases hold such pairs, and F.logsigmoid is asked for."""
+    assert "rounds to log(0) = -inf" in _hint(check_dpo_loss, my_dpo_loss_with_log_of_sigmoid,
+                                             capsys)
+
+
 def test_no_wrong_answer_passes_on_any_case_alone():
     """Each checker's cases tell every listed mistake from the reference: not only the first
     failing case, but each mistake differs on at least two cases (so that one edited case
@@ -323,7 +329,7 @@ CATALOGUE = [
     ("lp mask off by one", L, lambda logits, ids, m: (_picked(logits, ids) * m[:, :-1]).sum(1),
      "not response_mask[:, :-1]"),
     ("lp mean", L, lambda logits, ids, m: _picked(logits, ids)[:, :].mul(m[:, 1:]).sum(1)
-     / m.sum(1), "the sum, not the mean"),
+     / m.sum(1), "not their mean"),
     ("lp raw logits", L, lambda logits, ids, m: (logits[:, :-1].gather(
         2, ids[:, 1:, None]).squeeze(2) * m[:, 1:]).sum(1), "take log_softmax"),
     ("lp softmax", L, lambda logits, ids, m: (F.softmax(logits[:, :-1], -1).gather(
@@ -346,14 +352,14 @@ CATALOGUE = [
         2, ids[:, :-1, None]).squeeze(2) * m[:, :-1]).sum(1), "the other way"),
     ("lp shifted mask only", L, lambda logits, ids, m: (
         logits.log_softmax(-1).gather(2, ids[..., None]).squeeze(2)[:, 1:] * m[:, 1:]).sum(1),
-     "score logits[:, :-1] on ids[:, 1:]"),
+     "shift the logits against the ids"),
     # my_dpo_loss
     ("dpo swapped", D, lambda pc, pr, rc, rr, b: -F.logsigmoid(
         b * ((pr - rr) - (pc - rc))).mean(), "swapping chosen with rejected"),
     ("dpo policy and reference swapped", D, lambda pc, pr, rc, rr, b: -F.logsigmoid(
         b * ((rc - pc) - (rr - pr))).mean(), "or the policy with the"),
     ("dpo softplus of the margin", D, lambda pc, pr, rc, rr, b: F.softplus(
-        b * ((pc - rc) - (pr - rr))).mean(), "the margin is the wrong way round"),
+        b * ((pc - rc) - (pr - rr))).mean(), "the sign is the wrong way round"),
     ("dpo no reference", D, lambda pc, pr, rc, rr, b: -F.logsigmoid(b * (pc - pr)).mean(),
      "keep the reference"),
     ("dpo reference added", D, lambda pc, pr, rc, rr, b: -F.logsigmoid(
@@ -369,7 +375,7 @@ CATALOGUE = [
     ("dpo sum", D, _dpo(lambda m, b: -F.logsigmoid(b * m).sum()), "not the sum"),
     ("dpo per pair", D, _dpo(lambda m, b: -F.logsigmoid(b * m)), "not one loss per pair"),
     ("dpo no minus", D, _dpo(lambda m, b: torch.log(torch.sigmoid(b * m)).mean()),
-     "minus the log-sigmoid"),
+     "every value has the wrong sign"),
     ("dpo no log", D, _dpo(lambda m, b: -torch.sigmoid(b * m).mean()),
      "not -sigmoid(...)"),
     ("dpo one minus sigmoid", D, _dpo(lambda m, b: torch.mean(1 - torch.sigmoid(b * m))),
@@ -518,3 +524,42 @@ def test_the_clipped_reference_is_the_packages_grpo_loss_as_dapo():
     for lp, old, adv, mask, eps in check_clipped_loss.cases:
         torch.testing.assert_close(check_clipped_loss.reference(lp, old, adv, mask, eps),
                                    grpo_loss(lp, old, adv, mask, epsilon=eps, loss_type="dapo"))
+
+
+# --- issue 40: answers that cannot be trained through; unreadable failures -------------------
+
+def test_log_probs_through_item_fail_with_the_gradient_hint(capsys):
+    def log_probs(logits, ids, response_mask):
+        rows = []
+        for b in range(ids.shape[0]):
+            total = 0.0
+            for t in range(1, ids.shape[1]):
+                if response_mask[b, t]:
+                    total += logits[b, t - 1].log_softmax(-1)[ids[b, t]].item()
+            rows.append(total)
+        return torch.tensor(rows)
+    assert "does not carry a gradient" in _hint(check_sequence_log_probs, log_probs, capsys)
+
+
+def test_a_dpo_loss_as_a_python_float_fails_with_the_gradient_hint(capsys):
+    def loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
+        return my_dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta).item()
+    assert "the result does not carry a gradient" in _hint(check_dpo_loss, loss, capsys)
+
+
+def test_a_clipped_loss_with_the_ratio_detached_fails_with_the_gradient_hint(capsys):
+    def loss(log_probs, old_log_probs, advantages, mask, epsilon):
+        return my_clipped_loss(log_probs.detach(), old_log_probs, advantages, mask, epsilon)
+    assert "does not carry a gradient" in _hint(check_clipped_loss, loss, capsys)
+
+
+def test_advantages_that_look_equal_at_4_decimals_show_the_largest_difference(capsys):
+    """1e-4 inside the root: the answers print alike at 4 decimals; the message shows where
+    they differ most, with 7 digits, and the hint says a small term differs."""
+    def advantages(rewards, group_size):
+        g = rewards.view(-1, group_size)
+        return ((g - g.mean(1, keepdim=True)) / (g.var(1, keepdim=True) + 1e-4).sqrt()).view(-1)
+    assert not check_group_advantages(advantages)
+    out = capsys.readouterr().out
+    assert "the largest difference, " in out and "expected 0.8658754 but got" in out
+    assert "a small term differs" in out

@@ -559,3 +559,38 @@ def test_the_catalogue_hints_are_each_different():
         hint = checker.run(wrong).message.split("Hint: ", 1)[1]
         earlier = seen.setdefault((id(checker), hint), (phrase, wrong.__name__))
         assert earlier[0] == phrase, (wrong.__name__, earlier[1])
+
+
+# --- issue 40: the wrong container, negative pad positions, types named ------------------------
+
+def test_a_left_pad_of_nested_lists_fails_with_the_tensor_hint(capsys):
+    def my_left_pad(prompts, pad_id):
+        return tuple(part.tolist() for part in check_left_pad.reference(prompts, pad_id))
+    assert "return a tensor, not Python lists" in _hint(check_left_pad, my_left_pad, capsys)
+
+
+def test_pad_positions_counted_negative_are_hinted(capsys):
+    """arange minus each prompt's start: the real tokens' positions are right, the pads'
+    negative."""
+    def my_left_pad(prompts, pad_id):
+        idx, mask, _ = check_left_pad.reference(prompts, pad_id)
+        starts = (~mask).sum(-1, keepdim=True)
+        return idx, mask, torch.arange(idx.shape[1]) - starts
+    assert "give the pads position 0" in _hint(check_left_pad, my_left_pad, capsys)
+
+
+def test_blocks_to_free_as_a_tuple_names_the_types(capsys):
+    def my_blocks_to_free(block_tables, finished):
+        return tuple(check_blocks_to_free.reference(block_tables, finished))
+    assert not check_blocks_to_free(my_blocks_to_free)
+    out = capsys.readouterr().out
+    assert "expected [1, 9] but got (1, 9)" in out or "but got (" in out
+    assert "Hint: return a list, not a tuple" in out
+
+
+def test_a_merge_with_the_maximum_detached_fails_with_the_gradient_hint(capsys):
+    def my_merge_partials(m1, l1, o1, m2, l2, o2):
+        m = torch.maximum(m1, m2).detach()
+        a, b = torch.exp(m1 - m), torch.exp(m2 - m)
+        return m, a * l1 + b * l2, a[:, None] * o1 + b[:, None] * o2
+    assert "does not carry a gradient" in _hint(check_merge_partials, my_merge_partials, capsys)

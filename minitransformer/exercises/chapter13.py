@@ -79,6 +79,8 @@ check_conv1d = Checker(
             lambda x, w, b: x @ w - b,
     },
     match_every_case=True,
+    thorough=True,
+    gradients=('x', 'weight', 'bias'),
 )
 
 
@@ -135,6 +137,7 @@ check_fuse_qkv = Checker(
             lambda q, k, v: (q + k + v).t(),
     },
     match_every_case=True,
+    thorough=True,
 )
 
 
@@ -191,6 +194,8 @@ check_parameter_count = Checker(
         "the output projection (c_proj) has a bias too, d_model numbers: the attention has "
         "four biases, three in c_attn and one in c_proj":
             _count(attention_biases=3),
+        "the feed-forward's first layer (c_fc) has a bias too, d_ff numbers, as its second "
+        "has d_model": _count(feed_forward_biases="d"),
         "the feed-forward's two linear layers have biases too: d_ff numbers in the first "
         "(c_fc) and d_model in the second (c_proj)":
             _count(feed_forward_biases=""),
@@ -220,6 +225,7 @@ check_parameter_count = Checker(
     },
     whole_numbers=True,
     match_every_case=True,
+    thorough=True,
 )
 
 
@@ -263,6 +269,21 @@ def _off_by(table: list) -> str | None:
             f"{_MOVED.index(low)})")
 
 
+def _printable_ends(table: list) -> str | None:
+    """The hint for answers whose set of bytes that stand for themselves differs from the
+    printable ones by a few bytes: each named, with the ranges, ends included."""
+    own = {b for b in range(256) if table[b] == chr(b)}
+    wrong = sorted(own ^ set(_PRINTABLE))
+    if not wrong or len(wrong) > 8:
+        return None
+    names = ", ".join(f"{b} ({chr(b)!r})" for b in wrong)
+    said = "moved" if wrong[0] in _PRINTABLE else "kept as itself"
+    return (f"byte{'s' if len(wrong) > 1 else ''} {names} {'are' if len(wrong) > 1 else 'is'} "
+            f"{said}: the printable ranges are '!' to '~', '¡' to '¬' and '®' to 'ÿ', both "
+            f"ends included, range(33, 127), range(161, 173) and range(174, 256); every other "
+            f"byte is moved")
+
+
 class _EveryByteChecker(Checker):
     """A :class:`Checker` whose cases are groups of bytes: each check runs the function on
     every byte of its group, so that all 256 bytes are checked, and a hint is given for a
@@ -287,7 +308,8 @@ class _EveryByteChecker(Checker):
         if "Hint: " not in message:
             table = [Checker._outcome(function, (b,)) for b in range(256)]
             if all(kind == "value" for kind, _ in table):
-                hint = _off_by([answer for _, answer in table])
+                answers = [answer for _, answer in table]
+                hint = _off_by(answers) or _printable_ends(answers)
                 if hint is not None:
                     message += f". Hint: {hint}"
         return Verdict(False, message)
@@ -323,4 +345,5 @@ check_byte_to_char = _EveryByteChecker(
         "return the character, a str: chr(256 + n), not the number 256 + n":
             lambda b: ord(_TABLE[b]),
     },
+    thorough=True,
 )

@@ -106,8 +106,16 @@ check_rms_norm = Checker(
         "x.norm() (and F.normalize) divide by the root of the sum of the squares, sqrt(d) "
         "times the root mean square: use the mean of x**2, with eps inside the root":
             lambda x, weight, eps: x / x.norm(dim=-1, keepdim=True) * weight,
+        "x.norm() is the root of the sum of the squares, sqrt(d) times the root mean square "
+        "(and eps goes inside the root): torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)":
+            lambda x, weight, eps: x / (x.norm(dim=-1, keepdim=True) + eps) * weight,
+        "the mean runs over the last dimension (dim=-1), the features of one vector; dim=-2 "
+        "runs over the positions": _rms_wrong(
+            lambda x, eps: x / torch.sqrt(x.pow(2).mean(dim=-2, keepdim=True) + eps)),
     },
     match_every_case=True,
+    thorough=True,
+    gradients=('x', 'weight'),
 )
 
 
@@ -171,6 +179,18 @@ def _positive_exponent(x, offset, theta):
     return x * angles.cos() + torch.cat([-second, first], dim=-1) * angles.sin()
 
 
+def _cos_sin_swapped(x, offset, theta):
+    angles = torch.cat([_angles(x.shape[-2], x.shape[-1], offset, theta)] * 2, dim=-1)
+    first, second = x.double().chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    return (x.double() * angles.sin() + rotated * angles.cos()).to(x.dtype)
+
+
+def _floor_exponent(d):
+    """-torch.arange(0, d, 2) // d: 0 for the first pair, -1 for every other."""
+    return torch.tensor([0.0] + [float(d)] * (d // 2 - 1), dtype=torch.float64)
+
+
 def _rope_cases() -> list[tuple]:
     generator = torch.Generator().manual_seed(140)
     # d = 4 or 8, never 2 (where both pairings are one pair); theta = 100 in case 3 so that
@@ -218,6 +238,15 @@ check_apply_rope = Checker(
                                        dim=-1).cos()
                 + x.double() * torch.cat([_angles(x.shape[-2], x.shape[-1], offset, theta)] * 2,
                                          dim=-1).sin()).to(x.dtype),
+        "cos goes with x and sin with rotate_half(x): x * cos + rotate_half(x) * sin (at "
+        "angle 0 the vector must stay as it is)": _cos_sin_swapped,
+        "// is floor division: -torch.arange(0, d, 2) // d is -1 for every pair but the first "
+        "(it rounds down), so they all turn at the same slow rate; divide with /":
+            lambda x, offset, theta: _rotate_halves(x, _angles(
+                x.shape[-2], x.shape[-1], offset, theta, exponent=_floor_exponent)),
+        "the positions are along dim -2 of (B, h, T, d): T is x.shape[-2]; x.shape[1] is the "
+        "number of heads": lambda x, offset, theta: _rotate_halves(
+            x, _angles(x.shape[1], x.shape[-1], offset, theta)),
         "// is integer division: torch.arange(0, d, 2) // d is 0 for every pair, so all of "
         "them turn at 1 radian per position; divide with /":
             lambda x, offset, theta: _rotate_halves(x, _angles(
@@ -230,6 +259,8 @@ check_apply_rope = Checker(
     },
     atol=1e-5,
     match_every_case=True,
+    thorough=True,
+    gradients=('x',),
 )
 
 
@@ -267,6 +298,10 @@ check_expand_kv_heads = Checker(
         "g, the number of KV heads, is kv.shape[1]; kv.shape[0] is the batch: each KV head "
         "is repeated num_heads // kv.shape[1] times":
             lambda kv, h: kv.repeat_interleave(h // kv.shape[0], dim=1),
+        "the group's size comes from the arguments, num_heads // kv.shape[1]: a group of 2 "
+        "written in fits one model only": lambda kv, h: kv.repeat_interleave(2, dim=1),
+        "query head j uses KV head j // (num_heads // g), its group's, not j // g":
+            lambda kv, h: kv[:, torch.arange(h) // kv.shape[1]],
         "repeat each KV head num_heads // g times, the size of its group, not g times":
             lambda kv, h: kv.repeat_interleave(kv.shape[1], dim=1),
         "num_heads / g is a float, and repeats must be whole: divide with //":
@@ -277,6 +312,8 @@ check_expand_kv_heads = Checker(
             lambda kv, h: kv.expand(kv.shape[0], h, *kv.shape[2:]),
     },
     match_every_case=True,
+    thorough=True,
+    gradients=('kv',),
 )
 
 
@@ -329,8 +366,12 @@ check_swiglu = Checker(
             lambda x, g, u, d: (F.silu(x @ g.T) * x @ u.T) @ d.T,
         "silu(z) = z * sigmoid(z) = z / (1 + exp(-z)): the exponent is -z":
             lambda x, g, u, d: ((x @ g.T) / (1 + torch.exp(x @ g.T)) * (x @ u.T)) @ d.T,
+        "silu goes on the gate projection's output, silu(x @ gate_weight.T), not on x before "
+        "it": lambda x, g, u, d: ((F.silu(x) @ g.T) * (x @ u.T)) @ d.T,
         "down_weight is in nn.Linear's layout too, (d, d_ff): end with @ down_weight.T":
             lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d,
     },
     match_every_case=True,
+    thorough=True,
+    gradients=('x', 'gate_weight', 'up_weight', 'down_weight'),
 )

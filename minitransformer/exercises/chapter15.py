@@ -291,7 +291,8 @@ def _ring_bytes(num_parameters: int, world_size: int, bytes_per_number: int) -> 
 
 check_ring_bytes = Checker(
     reference=_ring_bytes,
-    cases=[(1000, 4, 4), (124_439_808, 8, 4), (36_096, 2, 2), (5000, 1, 4)],
+    # case 1's N does not divide the numbers: the answer is a fraction, not rounded
+    cases=[(1000, 3, 4), (124_439_808, 8, 4), (36_096, 2, 2), (5000, 1, 4)],
     mistakes={
         "a ring all-reduce has two passes, reduce-scatter then all-gather, each sending "
         "(N - 1)/N of the numbers: multiply by 2":
@@ -317,6 +318,19 @@ check_ring_bytes = Checker(
         "the share is (N - 1)/N, below 1, not N/(N - 1): each process sends N - 1 of the N "
         "chunks":
             lambda p, n, b: 2 * n / (n - 1) * p * b,
+        "each process sends N - 1 of the N chunks, a share below 1: N over N - 1 is above "
+        "it (and one process sends nothing)":
+            lambda p, n, b: 2 * n / (n - 1) * p * b if n > 1 else 0.0,
+        "integer division rounds the share (world_size - 1) // world_size down to 0 for "
+        "every world size: divide with /":
+            lambda p, n, b: 2 * ((n - 1) // n) * p * b,
+        "each pass sends N - 1 chunks of 1/N, not one chunk: 2 (N - 1) / N of the numbers":
+            lambda p, n, b: 2 * p * b / n,
+        "keep the exact number, 2 (N - 1) / N * P * b, a fraction where N does not divide "
+        "P: int() cuts it": lambda p, n, b: int(2 * (n - 1) / n * p * b),
+        "the formula counts P / N numbers a chunk, a fraction where N does not divide P: "
+        "rounding each chunk up to whole numbers counts more than the gradient holds":
+            lambda p, n, b: 2 * (n - 1) * -(-p // n) * b,
         "count what one process sends; what it receives is as much again, and not part of "
         "the answer":
             lambda p, n, b: 4 * (n - 1) / n * p * b,
@@ -331,6 +345,7 @@ check_ring_bytes = Checker(
             lambda p, n, b: 2 * (n - 1) / n * p * b / 2 ** 20,
     },
     match_every_case=True,
+    thorough=True,
 )
 
 
@@ -360,15 +375,16 @@ def _zero_shards(table: dict[int, tuple]) -> Callable:
 
 
 def _as_floats(answer):
-    """Three whole or fractional numbers, as floats: 2 * p and 2.0 * p are the same answer."""
+    """Three whole or fractional numbers, as floats: 2 * p and 2.0 * p are the same answer (a
+    list stays a list, which the exercise's tuple is not)."""
     if isinstance(answer, (tuple, list)) and len(answer) == 3 and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in answer):
-        return tuple(float(v) for v in answer)
+        return type(answer)(float(v) for v in answer)
     return answer
 
 
 class _PartsChecker(Checker):
-    """A :class:`Checker` that takes a tuple (or list) of ints as the same floats."""
+    """A :class:`Checker` that takes a tuple of ints as the same floats."""
 
     def run(self, function: Callable) -> Verdict:
         if not callable(function):
@@ -384,7 +400,8 @@ _ALL = ("optimizer", "gradients", "weights")
 check_zero_bytes = _PartsChecker(
     reference=lambda num_parameters, world_size, stage: _zero_bytes(num_parameters,
                                                                      world_size, stage),
-    cases=[(1000, 4, 1), (1000, 4, 2), (1000, 4, 3), (1000, 4, 0),
+    # case 2's 7 GPUs do not divide the bytes: the answer is a fraction
+    cases=[(1000, 4, 1), (1000, 7, 2), (1000, 4, 3), (1000, 4, 0),
            (8_030_261_248, 8, 1), (124_439_808, 64, 3)],
     mistakes={
         "return the three parts, a tuple (weights, gradients, optimizer_state), not their "
@@ -438,8 +455,20 @@ check_zero_bytes = _PartsChecker(
         "stage 0 is plain data parallelism: every GPU holds all 16 bytes a parameter":
             _zero_shards({0: ("optimizer",), 1: ("optimizer",),
                           2: ("optimizer", "gradients"), 3: _ALL}),
+        "each stage shards from its own number on: stage 1 already shards the optimizer state, "
+        "stage 2 the gradients, stage 3 the weights (stage >= k, not stage > k)":
+            _zero_shards({0: (), 1: (), 2: ("optimizer",), 3: ("optimizer", "gradients")}),
+        "divide with /: the bytes on one GPU are a fraction when world_size does not divide "
+        "them (case 2 has 7 GPUs), and // drops it": lambda p, n, s: tuple(
+            float(p * size // (n if kind in shard else 1)) for size, kind in
+            zip((2, 2, 12), _PARTS) for shard in [("optimizer",) * (s >= 1)
+                                                  + ("gradients",) * (s >= 2)
+                                                  + ("weights",) * (s >= 3)]),
+        "a sharded part is divided among all world_size GPUs, each holding 1/world_size of "
+        "it, not among world_size - 1": lambda p, n, s: _zero_bytes(p, max(n - 1, 1), s),
     },
     match_every_case=True,
+    thorough=True,
 )
 
 
@@ -679,8 +708,8 @@ _AVERAGING_MISTAKES = {
     "ranks together":
         (_sum_only, lambda g, n, r: g[0] + g[1]),
     "each rank still holds its own gradient: dist.all_reduce changes the tensor it is given, "
-    "in place, so give it p.grad itself (p.grad * n is a new tensor) and scale p.grad in place "
-    "(p.grad *= n)":
+    "in place, so give it p.grad itself (p.grad * n is a new tensor, and p.data holds the "
+    "weights) and scale p.grad in place (p.grad *= n)":
         (_reduced_a_copy, lambda g, n, r: g[r]),
     "the gradients were scaled but never added across the ranks: all_reduce p.grad (p.data "
     "holds the weights)":
@@ -830,12 +859,29 @@ class _TwoRankChecker(Checker):
                    and _same(found[rank][number][2], kept)
                    for shares, local, number in done for rank in (0, 1)):
                 return hint
+        if done and all(_some_averaged(found[rank][number][1], local[rank],
+                                       _gradients(slice(0, sum(shares))))
+                        for shares, local, number in done for rank in (0, 1)):
+            return _SOME_PARAMETERS_HINT
         return None
 
     def _locals(self) -> list[tuple[tuple, list[list[Tensor]]]]:
         """Each case's shares and the two ranks' own gradients before any averaging."""
         return [(shares, [_gradients(slice(sum(shares[:r]), sum(shares[:r + 1])))
                           for r in (0, 1)]) for shares in self.cases]
+
+
+_SOME_PARAMETERS_HINT = ("only some parameters' gradients were averaged, the others are still "
+                         "the rank's own: average every parameter's (a return inside the loop "
+                         "over model.parameters() stops after the first)")
+
+
+def _some_averaged(got: list, own: list, whole: list) -> bool:
+    """Each gradient either the right one or the rank's own, the first right, some own."""
+    right = [_same([a], [b]) for a, b in zip(got, whole)]
+    kept = [_same([a], [b]) for a, b in zip(got, own)]
+    return bool(right) and right[0] and all(r or k for r, k in zip(right, kept)) and \
+        not all(right)
 
 
 def _left_alike(got: list, expected: list) -> bool:

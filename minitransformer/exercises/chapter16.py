@@ -51,7 +51,7 @@ def _labels(turns, role_ids, end_id, *, keep=lambda role: role == "assistant", m
     labels = []
     for role, content in turns:
         kept = keep(role)
-        if marker_slot:
+        if marker_slot is True or (marker_slot == "assistant's" and kept):
             labels.append(role_ids[role] if kept and marker else fill)
         labels += list(content) if kept else [fill] * len(content)
         labels.append(end_id if (kept and end) or other_end else fill)
@@ -64,17 +64,50 @@ def _sft_labels(turns, role_ids, end_id):
 
 def _labels_cases() -> list[tuple]:
     # case 1 is one exchange; case 2 has a system message and two assistant turns; case 3 an
-    # assistant turn with empty content (only its end-of-turn token is learned)
+    # assistant turn with empty content (only its end-of-turn token is learned), and role ids
+    # in which the assistant's is the smallest
     return [([("user", [10, 11, 12]), ("assistant", [20, 21])], ROLE_IDS, END_ID),
             ([("system", [30]), ("user", [10, 11]), ("assistant", [20, 21, 22]),
               ("user", [12]), ("assistant", [23])], ROLE_IDS, END_ID),
             ([("user", [13, 14]), ("assistant", []), ("user", [15]), ("assistant", [24, 25])],
-             {"system": 5, "user": 6, "assistant": 7}, 9)]
+             {"system": 7, "user": 6, "assistant": 5}, 9)]
 
 
 def _shifted(turns, role_ids, end_id):
     labels = _sft_labels(turns, role_ids, end_id)
     return labels[1:] + [IGNORE]
+
+
+def _first_content_masked(turns, role_ids, end_id):
+    labels = []
+    for role, content in turns:
+        if role == "assistant":
+            labels += [IGNORE, IGNORE, *content[1:], end_id]
+        else:
+            labels += [IGNORE] * (len(content) + 2)
+    return labels
+
+
+def _nothing_labelled(cases, answers) -> bool:
+    """Some case's labels are all -100 where the assistant has tokens to learn."""
+    return any(len(answer) == len(_sft_labels(*case)) and all(a == IGNORE for a in answer)
+               for case, answer in zip(cases, answers))
+
+
+def _end_written_in(cases, answers) -> bool:
+    """The labels are right except where the end-of-turn token's id belongs, which holds the
+    same other number in every case (an id copied from a printed example)."""
+    found = set()
+    for (turns, role_ids, end_id), answer in zip(cases, answers):
+        expected = _sft_labels(turns, role_ids, end_id)
+        if len(answer) != len(expected):
+            return False
+        for want, have in zip(expected, answer):
+            if want == end_id and have != end_id:
+                found.add(int(have))
+            elif have != want:
+                return False
+    return len(found) == 1
 
 
 def _last_assistant_only(turns, role_ids, end_id):
@@ -123,12 +156,26 @@ check_sft_labels = Checker(
         "one label per token: each turn's role marker gets -100 and the assistant's "
         "end-of-turn token its id, so the labels are as long as the conversation":
             lambda t, r, e: _labels(t, r, e, marker_slot=False, end=False),
+        "one label per token: every turn starts with its role marker, the user's and the "
+        "system's too, and each marker gets a label (-100)":
+            lambda t, r, e: _labels(t, r, e, marker_slot="assistant's"),
+        "the system prompt is given, like the user's turns: only the assistant's turns are "
+        "labels (role == 'assistant'), the system's get -100":
+            lambda t, r, e: _labels(t, r, e, keep=lambda role: role != "user"),
+        "the assistant's first content token is a label too: only its role marker, before the "
+        "content, gets -100": _first_content_masked,
         "one label per token: each turn is its role marker, its content and the end-of-turn "
         "token, so the labels are as long as the conversation (the marker gets -100, the "
         "assistant's end-of-turn token its id)": lambda t, r, e: [
             i if role == "assistant" else IGNORE for role, content in t for i in content],
     },
     match_every_case=True,
+    thorough=True,
+    shapes={"the end-of-turn token's label is end_id, the argument, not an id written in (the "
+            "chapter's tokenizer's is one of many)": _end_written_in,
+            "nothing is labelled in a conversation that has assistant turns: find them by "
+            "their role, role == 'assistant' (the role ids are not ordered: case 3's assistant "
+            "has the smallest)": _nothing_labelled},
 )
 
 
@@ -143,14 +190,20 @@ def _sft_loss(logits: Tensor, labels: Tensor) -> Tensor:
 def _loss_cases() -> list[tuple]:
     generator = torch.Generator().manual_seed(16)
     cases = []
-    for batch, length, vocab, counted in ((1, 5, 7, [[2, 3, 4]]),
-                                          (2, 6, 9, [[4, 5], [1, 2, 3, 4, 5]]),
-                                          (3, 7, 11, [[5, 6], [2, 3, 4, 5], [1, 2, 3, 4, 5, 6]])):
-        logits = torch.randn(batch, length, vocab, generator=generator)
+    # case 2's second row is labelled from position 0 (a conversation cut at the front), so
+    # that rows run into each other when flattened before the shift; case 3 has a label 0 (a
+    # real token) and logits large enough that exp() overflows float32
+    for batch, length, vocab, counted, scale in (
+            (1, 5, 7, [[2, 3, 4]], 1.0),
+            (2, 6, 9, [[4, 5], [0, 1, 2, 3, 4, 5]], 1.0),
+            (3, 7, 11, [[5, 6], [2, 3, 4, 5], [1, 2, 3, 4, 5, 6]], 40.0)):
+        logits = scale * torch.randn(batch, length, vocab, generator=generator)
         labels = torch.full((batch, length), IGNORE)
         for row, positions in enumerate(counted):
             for t in positions:
                 labels[row, t] = int(torch.randint(vocab, (1,), generator=generator))
+        if scale > 1:
+            labels[0, 5] = 0
         cases.append((logits, labels))
     return cases
 
@@ -186,11 +239,25 @@ check_sft_loss = Checker(
         "cross_entropy, which does both": lambda logits, labels: F.nll_loss(
             logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
             ignore_index=IGNORE),
+        "shift the labels against the logits: logits[:, :-1] scores labels[:, 1:]; cut both "
+        "at the end and each position is scored on its own token, not the next":
+            lambda logits, labels: F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, :-1].reshape(-1),
+                ignore_index=IGNORE),
+        "shift within each sequence, then flatten: flattened first, the last position of one "
+        "row is scored on the first label of the next": lambda logits, labels: F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1])[:-1], labels.reshape(-1)[1:],
+            ignore_index=IGNORE),
+        "-100 marks the positions left out, and token 0 is a real token: select labels != "
+        "-100, not labels > 0": lambda logits, labels: _sft_loss(
+            logits, labels.masked_fill(labels == 0, IGNORE)),
         "keep -100 in the labels: cross_entropy leaves out the positions labelled -100 (its "
         "ignore_index); replaced by 0, every position counts, as if its next token were token "
         "0": lambda logits, labels: _sft_loss(logits, labels.clamp_min(0)),
     },
     match_every_case=True,
+    thorough=True,
+    gradients=('logits',),
 )
 
 
@@ -236,6 +303,8 @@ _SCALES = {
     "use_rslora)": lambda alpha, r: alpha / math.sqrt(r),
     "alpha / r, not alpha // r: floor division rounds the scale down (2 // 4 is 0)":
         lambda alpha, r: alpha // r,
+    "compute the scale from the arguments, alpha / r: a scale written in (2, the example's "
+    "4 / 2) is right for one layer only": lambda alpha, r: 2.0,
 }
 
 check_lora_forward = Checker(
@@ -245,6 +314,8 @@ check_lora_forward = Checker(
         **{hint: _scaled(scale)[0] for hint, scale in _SCALES.items() },
         "r is A.shape[0], the rank (A is (r, in_features)), not A.shape[1]":
             lambda x, weight, A, B, alpha: x @ weight.T + alpha / A.shape[1] * (x @ A.T @ B.T),
+        "r is A.shape[0] (or B.shape[1]), the rank; B.shape[0] is out_features":
+            lambda x, weight, A, B, alpha: x @ weight.T + alpha / B.shape[0] * (x @ A.T @ B.T),
         "add the frozen layer's output, x @ weight.T: LoRA learns a change beside the weight, "
         "not a replacement": lambda x, weight, A, B, alpha: alpha / A.shape[0] * (x @ A.T @ B.T),
         "scale only the change by alpha / r, not the frozen layer's output too":
@@ -252,6 +323,8 @@ check_lora_forward = Checker(
                                                                               A.shape[0]),
     },
     match_every_case=True,
+    thorough=True,
+    gradients=('x', 'A', 'B'),
 )
 
 check_lora_merge = Checker(
@@ -263,12 +336,16 @@ check_lora_merge = Checker(
             lambda weight, A, B, alpha: weight + alpha / A.shape[1] * (B @ A),
         "add the change to the frozen weight: the merged weight is W + (alpha / r) B A, not "
         "the change alone": lambda weight, A, B, alpha: alpha / A.shape[0] * (B @ A),
+        "B @ A is a matrix product, the sum of the r outer products of B's columns with A's "
+        "rows, all of them, not only the first": lambda weight, A, B, alpha: weight + alpha / (
+            A.shape[0]) * torch.outer(B[:, 0], A[0]),
         "merging adds the change, W + (alpha / r) B A; subtracting it is unmerge":
             lambda weight, A, B, alpha: weight - alpha / A.shape[0] * (B @ A),
         "scale only the change by alpha / r, not the frozen weight too":
             lambda weight, A, B, alpha: alpha / A.shape[0] * (weight + B @ A),
     },
     match_every_case=True,
+    thorough=True,
 )
 
 
@@ -305,6 +382,25 @@ def _kaiming_uniform(in_features, out_features, r, generator):
     return A, torch.zeros(out_features, r)
 
 
+def _A_right_B_not_zero(cases, answers) -> bool:
+    return all(torch.allclose(A, _lora_init(*case)[0]) and B.shape == (case[1], case[2])
+               and bool(B.abs().sum() > 0) for case, (A, B) in zip(cases, answers))
+
+
+def _A_not_drawn(cases, answers) -> bool:
+    """B zero and A of the right shape, but its numbers neither the generator's first draws
+    nor a multiple of them, nor the same numbers in another order."""
+    for case, (A, B) in zip(cases, answers):
+        want = _lora_init(*case)[0]
+        if A.shape != want.shape or B.shape != (case[1], case[2]) or bool(B.abs().sum() > 0):
+            return False
+        ratio = A.flatten()[0] / want.flatten()[0]
+        if torch.allclose(A, ratio * want) or torch.allclose(A.flatten().sort().values,
+                                                           want.flatten().sort().values):
+            return False
+    return True
+
+
 check_lora_init = Checker(
     reference=_lora_init,
     cases=_init_cases(),
@@ -328,6 +424,15 @@ check_lora_init = Checker(
             torch.randn(n, r, generator=g) / math.sqrt(n), torch.zeros(r, m)),
     },
     match_every_case=True,
+    thorough=True,
+    shapes={
+        "B starts at zero, torch.zeros(out_features, r), so that the model starts exactly "
+        "equal to its base (B A = 0); only A is random": _A_right_B_not_zero,
+        "A's numbers are not the generator's first r * in_features normal draws: draw A "
+        "first, as one torch.randn(r, in_features, generator=generator) (torch.rand is "
+        "uniform; without generator= the global generator draws; reseeding it, or drawing B "
+        "before A, starts elsewhere)": _A_not_drawn,
+    },
 )
 
 
@@ -339,8 +444,9 @@ def _parameter_count(shapes, r):
 
 check_lora_parameter_count = Checker(
     reference=_parameter_count,
+    # case 4's layers all differ, so that a count from the first layer's shape alone shows
     cases=[([(8, 8)], 2), ([(6, 4), (4, 6)], 3), ([(64, 64), (16, 64), (16, 64), (64, 64)], 4),
-           ([(172, 64), (64, 172)], 8)],
+           ([(172, 64), (64, 172), (48, 64)], 8)],
     mistakes={
         "A is (r, in_features) and B is (out_features, r): r * (in + out) numbers, not "
         "r * in * out": lambda shapes, r: sum(r * i * o for o, i in shapes),
@@ -352,8 +458,24 @@ check_lora_parameter_count = Checker(
             lambda shapes, r: sum(r * o for o, i in shapes),
         "the counts of all the layers add up: sum over shapes":
             lambda shapes, r: r * (shapes[0][0] + shapes[0][1]),
+        "the counts of all the layers add up: sum over shapes (yours counts the last layer "
+        "only: total += ..., not total = ...)":
+            lambda shapes, r: r * (shapes[-1][0] + shapes[-1][1]),
         "each layer's in_features and out_features may differ: r * (in + out), not 2 * r * in":
             lambda shapes, r: sum(2 * r * i for o, i in shapes),
+        "every layer is counted with its own shape: the layers differ, so sum r * (in + out) "
+        "over them, not len(shapes) times the first layer's":
+            lambda shapes, r: len(shapes) * r * (shapes[0][0] + shapes[0][1]),
+        "mind the brackets: r * (in + out), not r * in + out":
+            lambda shapes, r: sum(r * i + o for o, i in shapes),
+        "count every layer, those of the same shape too: sum over the list, not over a set of "
+        "its shapes": lambda shapes, r: sum(r * (i + o) for o, i in set(map(tuple, shapes))),
+        "the sum over the layers, not their mean": lambda shapes, r: sum(
+            r * (i + o) for o, i in shapes) // len(shapes),
+        "A has r rows and B r columns: r * (in + out), not (r + 1) * (in + out)":
+            lambda shapes, r: sum((r + 1) * (i + o) for o, i in shapes),
+        "r * (in + out): in_features for A and out_features for B, not twice the larger":
+            lambda shapes, r: sum(2 * r * max(i, o) for o, i in shapes),
         "count only what LoRA trains, r * (in + out) per layer: the frozen weight's in * out "
         "numbers are not trained": lambda shapes, r: sum(r * (i + o) + i * o for o, i in shapes),
         "count only A and B: the layer's bias is frozen with its weight (out_features numbers "
@@ -361,4 +483,5 @@ check_lora_parameter_count = Checker(
     },
     whole_numbers=True,
     match_every_case=True,
+    thorough=True,
 )

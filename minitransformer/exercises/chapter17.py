@@ -48,10 +48,11 @@ def _sequence_log_probs(logits: Tensor, ids: Tensor, response_mask: Tensor) -> T
 def _log_prob_cases() -> list[tuple]:
     generator = torch.Generator().manual_seed(17)
     cases = []
-    # (prompt length, response length) per row; the rest of each row is padding
+    # (prompt length, response length) per row; the rest of each row is padding. A row of
+    # cases 2 and 3 has no prompt: its first token, which nothing predicts, is left out
     for length, vocab, rows in ((6, 7, [(2, 3), (3, 3)]),
-                                (8, 9, [(3, 5), (2, 3), (4, 2)]),
-                                (7, 11, [(4, 3), (2, 2)])):
+                                (8, 9, [(3, 5), (0, 3), (4, 2)]),
+                                (7, 11, [(4, 3), (0, 3)])):
         ids = torch.randint(vocab, (len(rows), length), generator=generator)
         response_mask = torch.zeros(len(rows), length, dtype=torch.bool)
         for row, (prompt, response) in enumerate(rows):
@@ -89,6 +90,13 @@ check_sequence_log_probs = Checker(
         "log of the product of their probabilities), as DPO and TRL use it":
             lambda logits, ids, m: _masked(_token_log_probs(logits, ids), m[:, 1:])
             / m[:, 1:].sum(-1),
+        "a sequence's log-probability is the sum of its tokens', not their mean (divided by "
+        "the response's length)": lambda logits, ids, m: _masked(
+            _token_log_probs(logits, ids), m[:, 1:]) / m.sum(-1),
+        "shift the logits against the ids: the logits at position t - 1 score token t, so "
+        "logits[:, :-1] against ids[:, 1:]; masking with response_mask[:, 1:] alone scores "
+        "each token by the logits that already saw it": lambda logits, ids, m: _masked(
+            logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)[:, 1:], m[:, 1:]),
         "take log_softmax of the logits first: logits are not log-probabilities until they "
         "are normalised over the vocabulary": lambda logits, ids, m: _masked(
             logits[:, :-1].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1), m[:, 1:]),
@@ -107,6 +115,17 @@ check_sequence_log_probs = Checker(
         "whole batch": lambda logits, ids, m: _sequence_log_probs(logits, ids, m).sum(),
         "one number per sequence, shape (B,): sum each row over its positions (dim=-1)":
             lambda logits, ids, m: _token_log_probs(logits, ids) * m[:, 1:],
+        "slice, do not roll: torch.roll wraps around, so the last position's logits score "
+        "the first token, which has no logits before it; take logits[:, :-1] against "
+        "ids[:, 1:]": lambda logits, ids, m: _masked(logits.log_softmax(-1).gather(
+            -1, ids.roll(-1, dims=1).unsqueeze(-1)).squeeze(-1), m.roll(-1, dims=1)),
+        "a sequence's log-probability is the sum of its tokens' log-probabilities (the log of "
+        "the product of their probabilities), not the log of the sum of their probabilities":
+            lambda logits, ids, m: torch.log(_masked(logits[:, :-1].softmax(-1).gather(
+                -1, ids[:, 1:].unsqueeze(-1)).squeeze(-1), m[:, 1:])),
+        "the first response token counts too: it is scored by the last prompt position's "
+        "logits, so mask with response_mask[:, 1:] alone, not also with response_mask[:, :-1]":
+            lambda logits, ids, m: _masked(_token_log_probs(logits, ids), m[:, 1:] & m[:, :-1]),
         "a log-probability is negative (log p <= 0): cross_entropy gives -log p, so negate "
         "it": lambda logits, ids, m: -_sequence_log_probs(logits, ids, m),
         "one number per sequence, the sum of its response tokens' log-probabilities: not the "
@@ -117,6 +136,8 @@ check_sequence_log_probs = Checker(
             lambda logits, ids, m: -(_token_log_probs(logits, ids)[m[:, 1:]]).mean(),
     },
     match_every_case=True,
+    thorough=True,
+    gradients=('logits',),
 )
 
 
@@ -142,6 +163,12 @@ def _dpo_cases() -> list[tuple]:
         ref_chosen = chosen + torch.randn(pairs, generator=generator)
         ref_rejected = rejected + torch.randn(pairs, generator=generator)
         cases.append((chosen, rejected, ref_chosen, ref_rejected, beta))
+    # the first pair of cases 2 and 3: a long chosen answer the policy finds far less likely
+    # than the reference does, beta * margin = -150, where sigmoid rounds to 0 in float32
+    pc, pr, rc, rr, beta = cases[1]
+    pc[0], pr[0], rc[0], rr[0] = -400.0, -30.0, -110.0, -40.0
+    pc, pr, rc, rr, beta = cases[2]
+    pc[0], pr[0], rc[0], rr[0] = -250.0, -20.0, -180.0, -25.0
     chosen, rejected = -(2 + 18 * torch.rand(2, 3, generator=generator))
     cases.append((chosen, rejected, chosen.clone(), rejected.clone(), 0.3))
     return cases
@@ -157,10 +184,21 @@ check_dpo_loss = Checker(
     reference=_dpo_loss,
     cases=_dpo_cases(),
     mistakes={
-        "the margin is the wrong way round: (policy - reference) of the chosen answer minus "
-        "that of the rejected one; swapping chosen with rejected (or the policy with the "
-        "reference) trains the model towards the rejected answers":
+        "the sign is the wrong way round: the loss is -log sigmoid(beta * margin), which is "
+        "softplus(-beta * margin) (softplus(beta * margin) is its mirror image), with margin = "
+        "(policy - reference) of the chosen answer minus that of the rejected one; swapping "
+        "chosen with rejected (or the policy with the reference) flips it too, and trains the "
+        "model towards the rejected answers":
             _dpo(lambda m, beta: -F.logsigmoid(-beta * m).mean()),
+        "one loss per pair, then the mean: -log sigmoid(beta * margin) of each pair's margin, "
+        "not of the margins' mean": _dpo(lambda m, beta: -F.logsigmoid(beta * m.mean())),
+        "one sigmoid of the difference, -log sigmoid(beta * (chosen's log-ratio - rejected's)): "
+        "two separate terms, one pushing the chosen answer up and one the rejected down, are "
+        "another loss": lambda pc, pr, rc, rr, beta: (
+            -F.logsigmoid(beta * (pc - rc)) - F.logsigmoid(-beta * (pr - rr))).mean(),
+        "log(sigmoid(x)) rounds to log(0) = -inf once x is below about -100 (cases 2 and 3 "
+        "have a pair at -150): F.logsigmoid(x), or -F.softplus(-x), computes it without the "
+        "round trip": _dpo(lambda m, beta: -torch.log(torch.sigmoid(beta * m)).mean()),
         "keep the reference: each log-probability is compared with the reference model's, "
         "(policy_chosen - ref_chosen) - (policy_rejected - ref_rejected); without it nothing "
         "holds the policy near the model it started from":
@@ -204,6 +242,8 @@ check_dpo_loss = Checker(
             lambda pc, pr, rc, rr: pc / rc - pr / rr),
     },
     match_every_case=True,
+    thorough=True,
+    gradients=('policy_chosen', 'policy_rejected'),
 )
 
 
@@ -290,6 +330,7 @@ check_group_advantages = Checker(
         "the (N, G) result with .view(-1)": _advantages(flat=False),
     },
     match_every_case=True,
+    thorough=True,
 )
 
 
@@ -340,6 +381,8 @@ def _clipped(*, ratio=lambda lp, old: torch.exp(lp - old), combine=torch.min,
             return (per_token * mask).sum() / mask.numel()
         if average == "no mask":
             return per_token.mean()
+        if average == "sum per answer":
+            return (per_token * mask).sum(-1).mean()
         return (per_token * mask).sum()
     return loss
 
@@ -366,6 +409,16 @@ check_clipped_loss = Checker(
             _clipped(clip_advantage=True),
         "the ratio is clipped to [1 - epsilon, 1 + epsilon], around 1, not to "
         "[-epsilon, epsilon]": _clipped(clip=lambda r, e: r.clamp(-e, e)),
+        "clip the ratio rho = exp(log_probs - old_log_probs) to [1 - epsilon, 1 + epsilon], "
+        "not the log-ratio to [-epsilon, epsilon] (exp(eps) is not 1 + eps)":
+            _clipped(clip=lambda r, e: torch.exp(torch.log(r).clamp(-e, e))),
+        "clip the ratio, then multiply by the advantage: clip(rho, 1 - eps, 1 + eps) * A, not "
+        "clip(rho * A, ...)": lambda lp, old, adv, mask, eps: -(torch.min(
+            torch.exp(lp - old) * adv[:, None],
+            (torch.exp(lp - old) * adv[:, None]).clamp(1 - eps, 1 + eps)) * mask).sum()
+            / mask.sum(),
+        "clip on both sides, ratio.clamp(1 - epsilon, 1 + epsilon): with a negative advantage "
+        "the lower bound is the one that matters": _clipped(clip=lambda r, e: r.clamp(max=1 + e)),
         "average over all the response tokens of the batch at once, as TRL's default "
         "(loss_type='dapo'), not the mean of each sequence's mean (the GRPO paper's, TRL's "
         "loss_type='grpo')": _clipped(average="sequences"),
@@ -374,6 +427,8 @@ check_clipped_loss = Checker(
         "use the mask: the padding's tokens are not part of the response (average over the "
         "positions where mask is True)": _clipped(average="no mask"),
         "the mean over the response tokens, not their sum": _clipped(average="sum"),
+        "average over all the response tokens of the batch at once (mask.sum()), not the sum "
+        "of each answer's tokens averaged over the answers": _clipped(average="sum per answer"),
         "advantages is one number per sequence, shape (B,): give it a token axis, "
         "advantages.unsqueeze(1) (or advantages[:, None]), so that it multiplies each of its "
         "sequence's tokens": lambda lp, old, adv, mask, eps: -(torch.min(
@@ -381,4 +436,6 @@ check_clipped_loss = Checker(
             torch.exp(lp - old).clamp(1 - eps, 1 + eps) * adv) * mask).sum() / mask.sum(),
     },
     match_every_case=True,
+    thorough=True,
+    gradients=('log_probs',),
 )

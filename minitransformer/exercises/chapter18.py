@@ -22,83 +22,13 @@ Each ``check_<thing>`` is called with the learner's function and prints one line
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor
 
-from minitransformer.exercises import FAIL, Checker, Verdict, show_input
+from minitransformer.exercises import Checker
 
 __all__ = ["check_blocks_to_free", "check_grow_block_table", "check_left_pad",
            "check_merge_partials"]
-
-
-@dataclass
-class _ShapeChecker(Checker):
-    """A :class:`Checker` that also knows two kinds of mistake that no single wrong function
-    stands for.
-
-    ``shapes``: ``{hint: predicate}``, tried when no listed mistake explains a failing answer;
-    ``predicate(cases, answers)`` is True when the learner's answers (one per case) have the
-    mistake's shape, whatever the rest of them (right padding, whatever the pads' positions).
-    ``keep_arguments``: where set, an answer that is right but changed the caller's arguments,
-    or returned one of them as its own, fails with this hint.
-    """
-
-    shapes: Mapping[str, Callable[[list, list], bool]] = field(default_factory=dict)
-    keep_arguments: str | None = None
-
-    def run(self, function):
-        changed = []
-
-        def recorded(*args):
-            before = copy.deepcopy(args)
-            result = function(*args)
-            parts = result if isinstance(result, tuple) else (result,)
-            mutated = _differ(args, before)
-            aliased = any(part is arg for part in parts for arg in args
-                          if isinstance(arg, (list, dict)))
-            changed.append((mutated, args) if mutated or aliased else None)
-            return result
-
-        verdict = super().run(recorded if callable(function) else function)
-        if not verdict or self.keep_arguments is None:
-            return verdict
-        for number, (args, change) in enumerate(zip(self.cases, changed), start=1):
-            if change is not None:
-                mutated, after = change
-                what = ("changed its arguments to " + show_input(after, self._names())
-                        if mutated else "returned one of its arguments itself, not a new list")
-                return Verdict(False, f"{FAIL} case {number}: for input "
-                               f"{show_input(args, self._names())} your function returned the "
-                               f"right values but {what}. Hint: {self.keep_arguments}")
-        return verdict
-
-    def _hint_for(self, function, answers, message, args, *, got=None, error=None):
-        text = super()._hint_for(function, answers, message, args, got=got, error=error)
-        if text != message or not self.shapes:
-            return text
-        outcomes = [self._outcome(function, case) for case in self.cases]
-        if any(kind != "value" for kind, _ in outcomes):
-            return text
-        values = [value for _, value in outcomes]
-        for hint, shape in self.shapes.items():
-            try:
-                matches = bool(shape(self.cases, values))
-            except Exception:       # an answer of another shape altogether
-                matches = False
-            if matches:
-                return f"{message}. Hint: {hint}"
-        return text
-
-
-def _differ(one, other) -> bool:
-    try:
-        return bool(one != other)
-    except Exception:       # a comparison that itself fails counts as a change
-        return True
 
 
 # --- my_left_pad(prompts, pad_id) ---------------------------------------------------------------
@@ -124,10 +54,13 @@ def _pad(prompts, pad_id, *, left=True, fill=None, mask_dtype=torch.bool, invert
         position_ids = torch.arange(width).expand(len(prompts), width).clone()
     elif positions == "columns on real":
         position_ids = torch.where(mask, torch.arange(width), pad_position)
-    if mask_from_ids:
+    if mask_from_ids and mask_from_ids != "positions only":
         mask = idx != pad_id
         if mask_from_ids == "positions too":
             position_ids = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    if mask_from_ids == "positions only":
+        position_ids = ((idx != pad_id).long().cumsum(-1) - 1).clamp_min(0)
+        mask_from_ids = False
     if invert:
         mask = ~mask
     return idx, mask.to(mask_dtype), position_ids
@@ -148,7 +81,26 @@ def _padded_on_the_right(cases, answers) -> bool:
                for case, answer in zip(cases, answers))
 
 
-check_left_pad = _ShapeChecker(
+def _only_the_pads_positions(cases, answers) -> bool:
+    """Ids, mask and the real tokens' positions right; some pad's position not 0."""
+    wrong = False
+    for case, (idx, mask, positions) in zip(cases, answers):
+        want = _left_pad(*case)
+        positions = torch.as_tensor(positions)
+        if not (torch.equal(torch.as_tensor(idx).long(), want[0])
+                and torch.equal(torch.as_tensor(mask).bool(), want[1])
+                and torch.equal(positions[want[1]].long(), want[2][want[1]])):
+            return False
+        wrong |= bool((positions[~want[1]] != 0).any())
+    return wrong
+
+
+def _width_of_the_first(cases, answers) -> bool:
+    return any(torch.as_tensor(answer[0]).shape[-1] == len(case[0][0])
+               != max(len(p) for p in case[0]) for case, answer in zip(cases, answers))
+
+
+check_left_pad = Checker(
     reference=_left_pad,
     # case 4's first prompt contains the pad id itself (a real token 0, pad_id 0)
     cases=[([[5, 6, 7], [8, 9]], 1),
@@ -190,9 +142,18 @@ check_left_pad = _ShapeChecker(
         "token itself (case 4's first prompt is 0, 11, 0 with pad_id 0), and its real tokens "
         "must stay visible and be counted in the positions":
             lambda p, pad: _pad(p, pad, mask_from_ids="positions too"),
+        "count the positions from the lengths too (attention_mask.cumsum(-1) - 1), not from "
+        "idx != pad_id: a prompt may contain the pad token itself (case 4's first prompt is "
+        "0, 11, 0 with pad_id 0)": lambda p, pad: _pad(p, pad, mask_from_ids="positions only"),
     },
-    shapes={_RIGHT: _padded_on_the_right},
+    shapes={_RIGHT: _padded_on_the_right,
+            "give the pads position 0: they are no part of the text, and a negative position "
+            "is no row of a position table (the real tokens' positions are right)":
+                _only_the_pads_positions,
+            "the batch is as wide as its longest prompt, max(len(p) for p in prompts), not as "
+            "the first": _width_of_the_first},
     match_every_case=True,
+    thorough=True,
 )
 
 
@@ -205,7 +166,7 @@ def _grow(block_table, num_tokens, free_blocks, block_size, *, count=None, taken
     if from_end:
         new = list(reversed(free_blocks))[:missing]
         rest = free_blocks[:len(free_blocks) - missing]
-    else:
+    else:       # a negative count slices from the end, as a learner's code does
         new, rest = free_blocks[:missing], free_blocks[missing:]
     return list(block_table) + new, list(free_blocks) if keep_free else rest
 
@@ -216,14 +177,16 @@ def _grow_block_table(block_table: list[int], num_tokens: int, free_blocks: list
 
 
 def _grow_cases() -> list[tuple]:
-    # a prefill of 6 tokens into an empty table, a decode step that fills a block exactly, one
-    # that starts a new block, a step within a block, and a prefill of exactly two blocks
-    return [([], 6, [7, 2, 9, 4, 0], 4),
+    # a prefill of 10 tokens into an empty table (2.5 blocks), a decode step that fills a block
+    # exactly, one that starts a new block, a step within a block of a table that holds one
+    # block more than its tokens need (cut back after a rejected draft), a prefill of exactly
+    # two blocks, and a chunk that brings a table of one block to 30 tokens (1.9 blocks)
+    return [([], 10, [7, 2, 9, 4, 0], 4),
             ([3, 5], 8, [1, 6, 0], 4),
             ([3, 5], 9, [1, 6, 0], 4),
-            ([8], 3, [2, 1], 4),
+            ([8, 5], 3, [2, 1], 4),
             ([], 32, [11, 4, 6, 1], 16),
-            ([4, 1, 6], 33, [9, 2, 5, 0], 16)]
+            ([4], 30, [9, 2, 5, 0], 16)]
 
 
 _FRONT = ("take the blocks from the front of the free list, in order (free_blocks[:k]), as the "
@@ -250,19 +213,36 @@ def _other_free_blocks(cases, answers) -> bool:
     return elsewhere
 
 
-check_grow_block_table = _ShapeChecker(
+def _grew_too_little(cases, answers) -> bool:
+    """Some table grew by fewer blocks than it lacks, the ones it got taken from the front."""
+    return any(len(answer[0]) < len(_grow_block_table(*case)[0])
+               and list(answer[0]) == _grow_block_table(*case)[0][:len(answer[0])]
+               for case, answer in zip(cases, answers))
+
+
+check_grow_block_table = Checker(
     reference=_grow_block_table,
     cases=_grow_cases(),
     mistakes={
-        "round the number of blocks up: 6 tokens in blocks of 4 need 2 blocks (the second "
+        "round the number of blocks up: 10 tokens in blocks of 4 need 3 blocks (the third "
         "half full), so blocks = ceil(num_tokens / block_size), or -(-num_tokens // block_size)":
             lambda t, n, f, b: _grow(t, n, f, b, count=lambda n, b: n // b),
+        "round the number of blocks up, not to the nearest: a block a quarter full is still "
+        "needed, so math.ceil(num_tokens / block_size), or -(-num_tokens // block_size), not "
+        "round()": lambda t, n, f, b: _grow(t, n, f, b, count=lambda n, b: round(n / b)),
+        "a table may already hold more blocks than its tokens need: take max(0, needed - "
+        "len(block_table)) blocks (a negative count slices from the end of the list)":
+            lambda t, n, f, b: _grow(t, n, f, b, taken=lambda need, table: need - len(table)),
         "a full block needs no new one: 8 tokens fit in 2 blocks of 4, so take a block only when "
         "num_tokens passes len(block_table) * block_size (ceil(n / b), not n // b + 1; and "
         "num_tokens already counts the newest token, no + 1)":
             lambda t, n, f, b: _grow(t, n, f, b, count=lambda n, b: n // b + 1),
         "the table already holds len(block_table) blocks: take only the ones it lacks":
             lambda t, n, f, b: _grow(t, n, f, b, taken=lambda need, table: need),
+        "the table already holds len(block_table) blocks: when it must grow, take only the "
+        "ones it lacks, needed - len(block_table), not all it needs":
+            lambda t, n, f, b: _grow(t, n, f, b, taken=lambda need, table: need
+                                     if need > len(table) else 0),
         "take a block only when the table cannot hold num_tokens tokens; a step inside a block "
         "takes none": lambda t, n, f, b: _grow(t, n, f, b,
                                                taken=lambda need, table: 1),
@@ -271,13 +251,17 @@ check_grow_block_table = _ShapeChecker(
         "writes over this one's keys and values": lambda t, n, f, b: _grow(t, n, f, b,
                                                                          keep_free=True),
     },
-    shapes={_FRONT: _other_free_blocks},
+    shapes={_FRONT: _other_free_blocks,
+            "take every block the table lacks at once: a prefill of many tokens needs several, "
+            "max(0, ceil(num_tokens / block_size) - len(block_table)), not at most one":
+                _grew_too_little},
     keep_arguments=(
         "return two new lists and leave block_table and free_blocks as they were (build them "
         "with block_table + ... and slices, or copy them first with list(...)): the caller "
         "still holds its lists, the pool's free list and the request's table, and decides "
         "itself what to do with the new ones"),
     match_every_case=True,
+    thorough=True,
 )
 
 
@@ -295,12 +279,25 @@ def _blocks_to_free(block_tables: dict[int, list[int]], finished: int) -> list[i
 
 def _free_cases() -> list[tuple]:
     # request 2 shares its first block with request 1 (the same prompt prefix); case 2 shares
-    # two blocks with two requests; in case 3 nothing is shared; in case 4 everything is
+    # three blocks with three requests, one only with the second other table; in case 3
+    # nothing is shared; in case 4 everything is; in case 5 the shared block follows an
+    # unshared one, the other table's request id is smaller, and the ids are large ints
+    # built at run time (so that `is` does not find them equal)
     return [({1: [4, 0, 6], 2: [4, 7], 3: [2, 5]}, 2),
-            ({7: [3, 8, 1, 9], 8: [3, 8, 2], 9: [3, 5], 10: [6]}, 7),
+            ({7: [3, 8, 1, 9], 8: [3, 8, 2], 9: [3, 5, 1], 10: [6]}, 7),
             ({0: [5, 2], 1: [0, 3, 1]}, 1),
             ({4: [6, 1], 5: [6, 1, 3], 6: [6]}, 4),
-            ({3: [9, 12, 10, 11], 4: [9, 2]}, 3)]
+            ({int("1001"): [12, 9, 10, 11], int("1000"): [9, 2]}, int("1001"))]
+
+
+def _frees_a_shared_block(cases, answers) -> bool:
+    return any(set(answer) & _still_used(*case) for case, answer in zip(cases, answers)
+               if isinstance(answer, (list, tuple, set)))
+
+
+def _keeps_an_unshared_block(cases, answers) -> bool:
+    return any(set(_blocks_to_free(*case)) - set(answer) for case, answer in zip(cases, answers)
+               if isinstance(answer, (list, tuple, set)))
 
 
 check_blocks_to_free = Checker(
@@ -324,11 +321,36 @@ check_blocks_to_free = Checker(
             b for b in tables[done] if b not in _still_used(tables, done)],
         "return a sorted list, not a set: sorted(...) turns a set into one":
             lambda tables, done: set(_blocks_to_free(tables, done)),
+        "compare request ids with != (their values), not with `is not` (the same object): "
+        "two equal ids above 256 are often different objects, so the finished request's own "
+        "table counted as another's and nothing was freed (case 5)":
+            lambda tables, done: sorted(set(tables[done]) - {
+                b for r, t in tables.items() if r is not done for b in t}),
+        "sorted from the smallest id up, sorted(...), not in reverse":
+            lambda tables, done: _blocks_to_free(tables, done)[::-1],
+        "any other request may share a block, whether it started before or after this one: "
+        "look at every other table, not only those of smaller ids":
+            lambda tables, done: sorted(set(tables[done]) - {
+                b for r, t in tables.items() if r < done for b in t}),
+        "leave the finished request's own table out of the blocks still in use (request != "
+        "finished): counted, every block of it looks shared and nothing is freed":
+            lambda tables, done: sorted(set(tables[done]) - {
+                b for t in tables.values() for b in t}),
+        "free the blocks no other table holds even when some of its blocks are shared: the "
+        "shared ones stay, the others go back to the pool": lambda tables, done: (
+            [] if set(tables[done]) & _still_used(tables, done) else sorted(tables[done])),
         "free every block of the finished request's table that no other table holds, all of "
         "them, not only the last": lambda tables, done: sorted(
             set(tables[done][-1:]) - _still_used(tables, done)),
     },
     match_every_case=True,
+    thorough=True,
+    shapes={"a block that another request's table holds, anywhere in it, is still in use: check "
+            "every other table (all of them, at any position), and keep its shared blocks":
+                _frees_a_shared_block,
+            "every block of the finished request's table that no other table holds goes back "
+            "to the pool, wherever it sits in the table (before or after a shared one)":
+                _keeps_an_unshared_block},
 )
 
 
@@ -397,6 +419,17 @@ def _math_exp(m1, l1, o1, m2, l2, o2):
     return m, a * l1 + b * l2, a * o1 + b * o2
 
 
+def _global_max(m1, l1, o1, m2, l2, o2):
+    m = torch.cat([m1, m2]).max().expand_as(m1)
+    a, b = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, a * l1 + b * l2, a[..., None] * o1 + b[..., None] * o2
+
+
+def _unshifted(m1, l1, o1, m2, l2, o2):
+    a, b = torch.exp(m1), torch.exp(m2)
+    return torch.maximum(m1, m2), a * l1 + b * l2, a[..., None] * o1 + b[..., None] * o2
+
+
 def _as_mean(m1, l1, o1, m2, l2, o2):
     m, l, o = _merge(m1, l1, o1, m2, l2, o2)
     return m, l, (o1 + o2) / 2
@@ -441,6 +474,20 @@ check_merge_partials = Checker(
         "compares whole tensors, which works for one query only": _python_max,
         "use torch.exp, which works on every query at once: math.exp takes a single number":
             _math_exp,
+        "the common maximum is taken query by query, torch.maximum(m1, m2): one maximum over "
+        "all the queries shrinks the factors of the queries with smaller scores":
+            _global_max,
+        "the common maximum is the larger of the two, torch.maximum(m1, m2), not logaddexp (a "
+        "soft maximum): l and o are sums relative to an exact maximum":
+            lambda *a: _merge(*a, combine=torch.logaddexp),
+        "the factors are exp(m1 - m) and exp(m2 - m), relative to the common maximum: exp(m1) "
+        "alone overflows for large scores, and l and o were summed relative to m1 and m2":
+            _unshifted,
+        "rescale the sums l1 and l2 as you rescale the outputs o1 and o2: l is the softmax's "
+        "denominator, summed relative to the same maximum":
+            lambda *a: _merge(*a, rescale_old=(False, True), rescale_new=(False, True)),
     },
     match_every_case=True,
+    thorough=True,
+    gradients=("m1", "l1", "o1", "m2", "l2", "o2"),
 )

@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server over the continuous-batching engine (chapter 18).
 
-The HTTP layer is thin: it checks a request, turns it into token ids (chapter 16's chat template
-for ``/v1/chat/completions``, the tokenizer for ``/v1/completions``), hands a
+The HTTP layer is thin: it checks a request, turns it into token ids (the model's chat
+template for ``/v1/chat/completions``: chapter 16's, or a model's own Jinja template such as
+SmolLM2's ChatML; the tokenizer for ``/v1/completions``), hands a
 :class:`~minitransformer.serving.Request` to the :class:`~minitransformer.serving.Engine`, and
 turns the engine's events back into OpenAI's JSON, whole or streamed as server-sent events
 (``data: {...}`` lines, the last one ``data: [DONE]``). One worker thread calls
@@ -43,7 +44,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
-from minitransformer.chat import CHAT_TOKENS, ROLE_TOKENS, check_chat_tokenizer
+from minitransformer import chat as chat_format
+from minitransformer.chat import ROLE_TOKENS
 from minitransformer._checks import check_int, check_type
 from minitransformer.serving import Engine
 from minitransformer.serving import Request as EngineRequest
@@ -552,8 +554,10 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
     model ``model_name``: ``POST /v1/chat/completions``, ``POST /v1/completions``,
     ``GET /v1/models``, the chat page at ``/``, and ``/health``, ``/metrics``, ``/tokenize``,
     ``/detokenize``. The engine is stepped by a thread that starts and stops with the app (its
-    lifespan). A chat answer ends at the chat format's tokens (``<|end|>`` or a role marker),
-    as ``minitransformer chat`` does; a completion ends at no token, as ``minitransformer
+    lifespan). A chat answer ends at the chat format's tokens
+    (:func:`~minitransformer.chat.stop_token_ids`: ``<|end|>`` or a role marker for the
+    course's format, ``<|im_end|>`` and the other special tokens for SmolLM2's template), as
+    ``minitransformer chat`` does; a completion ends at no token, as ``minitransformer
     generate`` does (``stop`` strings end both). Special tokens write no text.
 
     Args:
@@ -587,11 +591,10 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
     if max_body_bytes is None:          # JSON writes a byte as 6 at most (\u0001)
         max_body_bytes = (6 * longest_token + 64) * context + 2**16
     check_int("max_body_bytes", max_body_bytes)
-    try:
-        specials = check_chat_tokenizer(tokenizer)
-        chat_stops = [specials[token] for token in CHAT_TOKENS]
+    try:                                    # the course's chat tokens, or a model's template
+        chat_stops = chat_format.stop_token_ids(tokenizer)
     except ValueError:
-        specials = None                     # no chat format: /v1/completions only
+        chat_stops = None                   # no chat format: /v1/completions only
     worker = _Worker(engine, max_queue)
     created = int(time.time())
     key_digest = None if api_key is None else hashlib.sha256(api_key.encode()).digest()
@@ -679,13 +682,13 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
         _check_prompt(_at_least_tokens(texts, longest_token), context, param, at_least=True)
 
     async def chat_ids(messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        if specials is None:
-            raise OpenAIError(f"the model {model_name} has no chat format (its tokenizer lacks "
-                              f"the chat tokens): use /v1/completions", param="model",
-                              code="model_not_supported")
+        if chat_stops is None:
+            raise OpenAIError(f"the model {model_name} has no chat format (its tokenizer has "
+                              f"neither the chat tokens nor a chat template): use "
+                              f"/v1/completions", param="model", code="model_not_supported")
         check_length([m["content"] for m in messages], "messages")
         try:
-            ids = await asyncio.to_thread(tokenizer.apply_chat_template, messages,
+            ids = await asyncio.to_thread(chat_format.apply_chat_template, tokenizer, messages,
                                           add_generation_prompt=add_generation_prompt)
         except (TypeError, ValueError) as exc:
             raise OpenAIError(str(exc), param="messages", code="invalid_value") from None

@@ -229,9 +229,10 @@ class Engine:
         max_batch: the most requests that run at once.
         kv_blocks: the blocks of the pool.
         block_size: positions per block.
-        eos_ids: the tokens that end a request (``stop``); ``None`` takes the tokenizer's chat
-            tokens (``<|end|>`` and the role markers, as ``minitransformer chat`` stops), or
-            none without a tokenizer.
+        eos_ids: the tokens that end a request (``stop``); ``None`` takes the tokenizer's
+            :func:`~minitransformer.chat.stop_token_ids` (``<|end|>`` and the role markers, as
+            ``minitransformer chat`` stops; ``<|im_end|>`` first for SmolLM2), or none without
+            a tokenizer or a chat format.
         pack_weights: the model's weights also packed for the CPU's matrix products (see the
             module's notes; twice the weights' memory); ``False``: not, and the prefill is
             ``forward``'s bit for bit.
@@ -262,10 +263,12 @@ class Engine:
                               num_kv_heads=kv_heads, head_dim=c.d_model // c.num_heads,
                               device=weight.device, dtype=weight.dtype)
         if eos_ids is None:
-            from minitransformer.chat import CHAT_TOKENS
+            from minitransformer.chat import stop_token_ids
 
-            special = getattr(tokenizer, "special_tokens", None) or {}
-            eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
+            try:
+                eos_ids = [] if tokenizer is None else stop_token_ids(tokenizer)
+            except ValueError:                     # no chat format: no end token
+                eos_ids = []
         self.eos_ids = frozenset(self._check_vocab("eos_ids",
                                                    _checks.check_id_list("eos_ids", eos_ids)))
         # special tokens write no text, as transformers' decode(skip_special_tokens=True)

@@ -215,7 +215,7 @@ def build_parser() -> Parser:
     s.set_defaults(run=serve.run)
     add = s.add_argument
     add("--model", metavar="DIR", required=True, help="a directory written by train or "
-        "finetune (the chat endpoint needs the chat tokens)")
+        "finetune, or a model's .gguf file (the chat endpoint needs a chat format)")
     add("--name", help="the model's id in the API (default: the directory's name)")
     add("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
         "this machine only)")

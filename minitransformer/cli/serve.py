@@ -1,4 +1,5 @@
-"""``minitransformer serve``: an OpenAI-compatible server for a model directory (chapter 18).
+"""``minitransformer serve``: an OpenAI-compatible server for a model directory or a GGUF
+file (chapter 18).
 
 The model, its tokenizer and a :class:`~minitransformer.serving.Engine` go behind
 :func:`minitransformer.server.create_app`, run by uvicorn on a socket bound here first, so that
@@ -29,8 +30,8 @@ API_KEY_VARIABLE = "MINITRANSFORMER_API_KEY"
 
 def run(args: argparse.Namespace) -> int:
     folder = Path(args.model)
-    if not folder.is_dir():
-        raise CommandLineError(f"--model {args.model}: no such directory")
+    if not (folder.is_dir() or folder.is_file() and folder.suffix == ".gguf"):
+        raise CommandLineError(f"--model {args.model}: no such directory or .gguf file")
     try:
         import uvicorn
 
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         except (RuntimeError, MemoryError) as exc:   # the allocator's refusal
             raise CommandLineError(f"--kv-blocks {args.kv_blocks}: the KV cache could not be "
                                    f"allocated ({str(exc).splitlines()[0]})") from None
-        name = args.name or folder.resolve().name
+        name = args.name or (folder.resolve().stem if folder.is_file()
+                             else folder.resolve().name)
         api_key = args.api_key if args.api_key is not None else os.environ.get(
             API_KEY_VARIABLE) or None
         if args.api_key is not None and not args.api_key.strip():
@@ -146,7 +148,16 @@ def listen(host: str, port: int) -> socket.socket:
 
 def load(folder: Path, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
     """The model and tokenizer of a model directory; with the chat tokens, also of a LoRA
-    adapter directory that ``finetune`` wrote (as ``chat`` loads it)."""
+    adapter directory that ``finetune`` wrote (as ``chat`` loads it); or of a llama.cpp GGUF
+    file (SmolLM2's: :meth:`Llama.from_gguf <minitransformer.llama.Llama.from_gguf>`, its
+    tokenizer and chat template from the same file)."""
+    if folder.is_file():
+        from minitransformer.llama import Llama
+
+        try:
+            return (Llama.from_gguf(folder, device=where), BPETokenizer.from_gguf(folder))
+        except ValueError as exc:
+            raise CommandLineError(f"--model {folder}: {str(exc).splitlines()[0]}") from None
     tokenizer = BPETokenizer.from_pretrained(folder)
     if all(token in tokenizer.special_tokens for token in CHAT_TOKENS):
         from minitransformer.cli import chat

@@ -83,19 +83,28 @@ class Request:
         stop: a string or strings that end the text; the text stops before it.
         stop_token_ids: the tokens that end the request (not in its text); ``None`` takes the
             engine's ``eos_ids``.
+        logprobs: ``None``, or give each new token's raw log-probability (``log_softmax`` of
+            the model's scores, before temperature and penalties, as vLLM gives them) and
+            those of the ``logprobs`` likeliest tokens (0 for none): the events'
+            ``logprob``.
+        prompt_logprobs: also give each prompt token's log-probability given the tokens
+            before it (the first's is ``None``), with ``logprobs`` alternatives, in the event
+            of the first new token (what ``echo`` and lm-eval's loglikelihood need).
 
     Raises:
         TypeError, ValueError: a bad prompt or option, naming it.
     """
 
     __slots__ = ("prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop",
-                 "presence_penalty", "frequency_penalty", "stop_token_ids", "sampling")
+                 "presence_penalty", "frequency_penalty", "stop_token_ids", "sampling",
+                 "logprobs", "prompt_logprobs")
 
     def __init__(self, prompt_ids: Sequence[int], *, max_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] = (), presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0,
-                 stop_token_ids: Sequence[int] | None = None):
+                 stop_token_ids: Sequence[int] | None = None, logprobs: int | None = None,
+                 prompt_logprobs: bool = False):
         self.prompt_ids = _checks.check_id_list("prompt_ids", prompt_ids, allow_empty=False)
         self.max_tokens = _checks.check_int("max_tokens", max_tokens)
         self.sampling = SamplingParams(temperature, top_k, top_p, presence_penalty,
@@ -116,6 +125,12 @@ class Request:
         self.stop = tuple(stops)
         self.stop_token_ids = (None if stop_token_ids is None
                                else _checks.check_id_list("stop_token_ids", stop_token_ids))
+        self.logprobs = None if logprobs is None else _checks.check_int("logprobs", logprobs,
+                                                                       low=0)
+        self.prompt_logprobs = _checks.check_type("prompt_logprobs", prompt_logprobs, bool,
+                                                  "True or False")
+        if prompt_logprobs and logprobs is None:
+            raise ValueError("prompt_logprobs=True needs logprobs (0 or more alternatives)")
 
     def __repr__(self) -> str:
         return (f"Request({len(self.prompt_ids)} prompt tokens, max_tokens={self.max_tokens}, "
@@ -138,29 +153,59 @@ def _check_finite_weights(model: nn.Module) -> None:
                              f"(a checkpoint damaged, or a training run that diverged)")
 
 
+class TokenLogprob(NamedTuple):
+    """A token's raw log-probability (``log_softmax`` of the model's scores) and the
+    ``(token_id, logprob)`` of the likeliest tokens at its position, likeliest first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprobs(logits: Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """Each row of scores ``(N, V)``'s log-probability of its token in ``tokens`` (``N``), and
+    its ``top`` likeliest tokens."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    index = torch.tensor(tokens, dtype=torch.long, device=logp.device)
+    chosen = logp.gather(-1, index[:, None])[:, 0].tolist()
+    if top:
+        values, ids = logp.topk(min(top, logp.shape[-1]), dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        tops = [()] * len(chosen)
+    return [TokenLogprob(t, lp, best) for t, lp, best in zip(tokens, chosen, tops)]
+
+
 class Event(NamedTuple):
     """What one step did for one request: ``token_id`` the new token (``None`` for a
     cancellation or an error), ``text`` the new text (``""`` while the bytes of a character or
     a possible stop string are held back; special tokens write none), ``finish_reason``
     ``None`` while it runs, then ``"stop"`` (an end token or a stop string), ``"length"``
     (``max_tokens``), ``"cancelled"``, or ``"error"``: the model's scores for the request
-    became NaN or infinite, and no token could be chosen."""
+    became NaN or infinite, and no token could be chosen. With the request's ``logprobs``,
+    ``logprob`` is the new token's :class:`TokenLogprob`; with ``prompt_logprobs``, the first
+    token's event also has the prompt's (``None`` for its first token)."""
 
     request_id: int
     token_id: int | None
     text: str
     finish_reason: str | None
+    logprob: TokenLogprob | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Completion(NamedTuple):
     """A finished request: the new ``token_ids`` (an end token included), its ``text`` (end
-    token and stop string left out), ``finish_reason``, and OpenAI's ``usage`` counts."""
+    token and stop string left out), ``finish_reason``, and OpenAI's ``usage`` counts; with
+    the request's ``logprobs``, each new token's :class:`TokenLogprob` (and the prompt's)."""
 
     token_ids: list[int]
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class _Sequence:
@@ -304,6 +349,9 @@ class Engine:
         c = self.config
         self._check_vocab("prompt_ids", request.prompt_ids)
         request.sampling.check_vocab(c.vocab_size)
+        if request.logprobs is not None and request.logprobs > c.vocab_size:
+            raise ValueError(f"logprobs={request.logprobs} is more than the model's "
+                             f"vocabulary of {c.vocab_size} tokens")
         stop_ids = (self.eos_ids if request.stop_token_ids is None else
                     frozenset(self._check_vocab("stop_token_ids", request.stop_token_ids)))
         total = len(request.prompt_ids) + request.max_tokens
@@ -443,6 +491,8 @@ class Engine:
     def _run(self, requests: Sequence[Request], ids: list[int]) -> list[Completion]:
         tokens: dict[int, list[int]] = {i: [] for i in ids}
         texts: dict[int, list[str]] = {i: [] for i in ids}
+        logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in ids}
+        prompt_logprobs: dict[int, list | None] = {i: None for i in ids}
         finished: dict[int, str] = {}
         while len(finished) < len(ids):
             if not self.has_work:
@@ -452,6 +502,10 @@ class Engine:
                     continue
                 if event.token_id is not None:
                     tokens[event.request_id].append(event.token_id)
+                if event.logprob is not None:
+                    logprobs[event.request_id].append(event.logprob)
+                if event.prompt_logprobs is not None:
+                    prompt_logprobs[event.request_id] = event.prompt_logprobs
                 texts[event.request_id].append(event.text)
                 if event.finish_reason == "error":
                     k = ids.index(event.request_id)
@@ -462,7 +516,8 @@ class Engine:
                 if event.finish_reason is not None:
                     finished[event.request_id] = event.finish_reason
         return [Completion(tokens[i], "".join(texts[i]), finished[i], len(r.prompt_ids),
-                           len(tokens[i])) for i, r in zip(ids, requests)]
+                           len(tokens[i]), None if r.logprobs is None else logprobs[i],
+                           prompt_logprobs[i]) for i, r in zip(ids, requests)]
 
     def _admit(self) -> list[_Sequence]:
         """Take waiting requests (oldest first) while a row and their blocks are free."""
@@ -493,7 +548,16 @@ class Engine:
             return self._fail(seq)
         if seq.generated:
             return None
-        return self._accept(seq, seq.choose(logits[:, -1]))
+        token = seq.choose(logits[:, -1])
+        request = seq.request
+        if request.logprobs is None:
+            return self._accept(seq, token)
+        (logprob,) = token_logprobs(logits[0, -1:], [token], request.logprobs)
+        prompt = None
+        if request.prompt_logprobs:
+            prompt = [None, *token_logprobs(logits[0, :-1], seq.tokens[1:length],
+                                            request.logprobs)]
+        return self._accept(seq, token, logprob, prompt)
 
     def _decode(self, rows: list[_Sequence]) -> list[Event]:
         """One new token for every row, in one batched forward pass."""
@@ -515,7 +579,9 @@ class Engine:
                 events.append(self._fail(seq))
                 continue
             token = chosen[i] if i in chosen else seq.choose(logits[i:i + 1])
-            events.append(self._accept(seq, token))
+            top = seq.request.logprobs
+            logprob = None if top is None else token_logprobs(logits[i:i + 1], [token], top)[0]
+            events.append(self._accept(seq, token, logprob))
         return events
 
     def _make_room(self, rows: list[_Sequence]) -> list[_Sequence]:
@@ -555,7 +621,8 @@ class Engine:
             self.pool.free(seq.blocks)
             seq.blocks = []
 
-    def _accept(self, seq: _Sequence, token: int) -> Event:
+    def _accept(self, seq: _Sequence, token: int, logprob: TokenLogprob | None = None,
+                prompt_logprobs: list | None = None) -> Event:
         """Record ``token`` for ``seq``; its event, and the end of ``seq`` if it is done."""
         seq.tokens.append(token)
         if seq.counts is not None:
@@ -577,7 +644,7 @@ class Engine:
                 finish = "stop" if stopped else "length"
         if finish is not None:
             self._end(seq, finish)
-        return Event(seq.id, token, text, finish)
+        return Event(seq.id, token, text, finish, logprob, prompt_logprobs)
 
     def _fail(self, seq: _Sequence) -> Event:
         """End ``seq`` whose scores are not finite (no token can be chosen from NaN)."""

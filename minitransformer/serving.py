@@ -218,6 +218,7 @@ class _Sequence:
         self.prompt_len = len(self.tokens)
         self.blocks: list[int] = []
         self.cached = 0                              # positions whose keys are in the blocks
+        self.shared = 0                              # of them, in blocks shared at admission
         self.stop_ids = stop_ids
         self.generator = request.sampling.make_generator(device)
         penalised = request.sampling.penalised
@@ -281,6 +282,14 @@ class Engine:
         pack_weights: the model's weights also packed for the CPU's matrix products (see the
             module's notes; twice the weights' memory); ``False``: not, and the prefill is
             ``forward``'s bit for bit.
+        prefix_caching: share the full blocks of a prompt's beginning with the running
+            requests whose tokens begin the same way (vLLM's automatic prefix caching): the
+            new request prefills only the rest. A block is found by the tokens up to its end
+            and held by reference count (:meth:`BlockPool.share
+            <minitransformer.paged_cache.BlockPool.share>`), freed when its last user ends.
+            Its tokens are those without sharing up to float rounding (the rest's prefill
+            reads cached keys instead of computing them in the same pass). A request that
+            asks for ``prompt_logprobs`` prefills its whole prompt.
 
     Raises:
         TypeError, ValueError: a model that is not a GPT or Llama, a bad size or id, weights
@@ -289,7 +298,8 @@ class Engine:
 
     def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
                  kv_blocks: int = 256, block_size: int = BLOCK_SIZE,
-                 eos_ids: Sequence[int] | None = None, pack_weights: bool = True):
+                 eos_ids: Sequence[int] | None = None, pack_weights: bool = True,
+                 prefix_caching: bool = False):
         from minitransformer.models import architecture_of
 
         architecture_of(model)               # a GPT or a Llama: both have the fast step
@@ -298,6 +308,11 @@ class Engine:
                             f"{type(tokenizer).__name__}")
         self.max_batch = _checks.check_int("max_batch", max_batch)
         _checks.check_type("pack_weights", pack_weights, bool, "True or False")
+        self.prefix_caching = _checks.check_type("prefix_caching", prefix_caching, bool,
+                                                 "True or False")
+        self._prefix: dict[tuple[int, ...], int] = {}    # tokens up to a block's end -> block
+        self._block_key: dict[int, tuple[int, ...]] = {}
+        self.prefilled = 0                                # positions prefilled, all requests
         _check_finite_weights(model)
         c = self.config = model.config
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -527,23 +542,76 @@ class Engine:
         admitted = []
         while self._waiting and len(self._running) + len(admitted) < self.max_batch:
             seq = self._waiting[0]
-            if pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) > budget:
+            shared = len(self._shared_blocks(seq, len(seq.tokens) - (1 if seq.generated
+                                                                      else 0)))
+            if pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) - shared > budget:
                 break
             self._waiting.popleft()
             prefill = len(seq.tokens) - (1 if seq.generated else 0)
-            seq.blocks = pool.allocate(pool.blocks_for(prefill))
-            budget -= pool.blocks_for(min(len(seq.tokens) + 1, seq.limit))
+            shared = self._shared_blocks(seq, prefill)
+            pool.share(shared)
+            seq.shared = len(shared) * pool.block_size
+            seq.blocks = shared + pool.allocate(pool.blocks_for(prefill) - len(shared))
+            budget -= pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) - len(shared)
             admitted.append(seq)
         return admitted
+
+    def _shared_blocks(self, seq: _Sequence, prefill: int) -> list[int]:
+        """The blocks of running requests that hold the keys of ``seq``'s first tokens: full
+        blocks, found by the tokens up to their end, leaving at least one token to prefill
+        (its scores give the next token)."""
+        if not self.prefix_caching or seq.request.prompt_logprobs:
+            return []
+        size, found = self.pool.block_size, []
+        for i in range((prefill - 1) // size):
+            block = self._prefix.get(tuple(seq.tokens[:(i + 1) * size]))
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def _share_more(self, seq: _Sequence, length: int) -> None:
+        """Swap ``seq``'s own blocks for shared ones that requests prefilled since its
+        admission (in the same step, say) wrote with the same tokens."""
+        size = self.pool.block_size
+        with self._lock:
+            shared = self._shared_blocks(seq, length)
+            first = seq.shared // size
+            if len(shared) > first:
+                self.pool.share(shared[first:])
+                self._release(seq.blocks[first:len(shared)])
+                seq.blocks[first:len(shared)] = shared[first:]
+                seq.shared = len(shared) * size
+
+    def _register(self, seq: _Sequence, length: int) -> None:
+        """Make the full blocks that ``seq``'s prefill wrote findable by their tokens."""
+        size = self.pool.block_size
+        with self._lock:
+            for i in range(seq.shared // size, length // size):
+                key = tuple(seq.tokens[:(i + 1) * size])
+                block = seq.blocks[i]
+                if key not in self._prefix and block not in self._block_key:
+                    self._prefix[key], self._block_key[block] = block, key
 
     def _prefill(self, seq: _Sequence) -> Event | None:
         """Run the prompt (and, after a preemption, the tokens written so far but the last)
         through the model alone; the event of its next token, or ``None`` when it was
         recomputed and its next token is still to decode."""
         length = len(seq.tokens) - (1 if seq.generated else 0)
-        idx = torch.tensor([seq.tokens[:length]], dtype=torch.long, device=self.device)
-        logits = self._prefill_step(idx, self.pool.view([seq.blocks], [0], length))  # (1, T, V)
+        if self.prefix_caching:
+            self._share_more(seq, length)
+        start = seq.shared
+        idx = torch.tensor([seq.tokens[start:length]], dtype=torch.long, device=self.device)
+        view = self.pool.view([seq.blocks], [start], length - start)
+        if start:                        # after the shared blocks' positions
+            logits = self._prefill_step(idx, view, attention_mask=view.attention_mask,
+                                        position_ids=view.position_ids)
+        else:
+            logits = self._prefill_step(idx, view)                       # (1, T, V)
         seq.cached = length
+        self.prefilled += length - start
+        if self.prefix_caching:
+            self._register(seq, length)
         if not _usable(logits[:, -1])[0]:
             return self._fail(seq)
         if seq.generated:
@@ -617,9 +685,17 @@ class Engine:
                 self._waiting.appendleft(seq)
 
     def _free(self, seq: _Sequence) -> None:
+        """Give ``seq``'s blocks back (a shared one stays with its other users); those freed
+        are no longer found by their tokens."""
         if seq.blocks:
-            self.pool.free(seq.blocks)
+            self._release(seq.blocks)
             seq.blocks = []
+
+    def _release(self, blocks: list[int]) -> None:
+        for block in self.pool.free(blocks):
+            key = self._block_key.pop(block, None)
+            if key is not None:
+                del self._prefix[key]
 
     def _accept(self, seq: _Sequence, token: int, logprob: TokenLogprob | None = None,
                 prompt_logprobs: list | None = None) -> Event:

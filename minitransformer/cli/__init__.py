@@ -226,6 +226,8 @@ def build_parser() -> Parser:
         "cache's pool (default 256)")
     add("--no-pack-weights", action="store_true", help="do not keep a GPT's weights also "
         "packed for the CPU's matrix products (half the memory, slower batches)")
+    add("--prefix-caching", action="store_true", help="share the KV blocks of prompts that "
+        "begin with the same tokens (fewer positions to prefill)")
     add("--device", help="default: minitransformer.default_device()")
     add("--threads", type=positive, help="CPU threads (default: OMP_NUM_THREADS, else the "
         "cores idle now)")

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         check_pool_fits(model, args.kv_blocks, where)
         try:
             engine = Engine(model.eval(), tokenizer, max_batch=args.max_batch,
-                            kv_blocks=args.kv_blocks, pack_weights=not args.no_pack_weights)
+                            kv_blocks=args.kv_blocks, pack_weights=not args.no_pack_weights,
+                            prefix_caching=args.prefix_caching)
         except (RuntimeError, MemoryError) as exc:   # the allocator's refusal
             raise CommandLineError(f"--kv-blocks {args.kv_blocks}: the KV cache could not be "
                                    f"allocated ({str(exc).splitlines()[0]})") from None

@@ -101,3 +101,25 @@ def test_the_chat_page_answers_in_english(served):
         finally:
             browser.close()
     assert "Paris" in text and "capital" in text, text
+
+
+def test_a_model_directory_of_smollm2_is_served_with_the_same_template(smollm2, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from minitransformer.server import create_app
+    from minitransformer.serving import Engine
+
+    model, tokenizer = smollm2
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded, tok = serve_command.load(tmp_path, torch.device("cpu"))
+    assert tok.chat_template == tokenizer.chat_template
+    app = create_app(Engine(loaded, tok, kv_blocks=8), tok, model_name="smol")
+    messages = [{"role": "user", "content": "Say hello."}]
+    expected, _ = greedy_reply(smollm2, messages, 4)
+    with TestClient(app) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused",
+                               max_retries=0, http_client=http)
+        answer = client.chat.completions.create(model="smol", messages=messages, max_tokens=4,
+                                                temperature=0)
+    assert answer.choices[0].message.content == expected and expected

@@ -9,6 +9,14 @@ turns the engine's events back into OpenAI's JSON, whole or streamed as server-s
 ``engine.step()`` while there is work; each request waits on its own queue of events, so many
 requests share every forward pass.
 
+``/v1/completions`` takes a string, a list of strings, a list of token ids or a list of lists
+of them; with ``n``, each prompt gets ``n`` choices (both endpoints), choice ``j`` seeded with
+``seed + j``. A request's choices enter the engine together, so they run as one batch.
+``logprobs`` (chat: ``logprobs`` and ``top_logprobs`` up to 20; completions: ``logprobs`` up to
+5, and ``echo``, which with ``max_tokens: 0`` gives the prompt's own) are the model's raw
+log-probabilities, ``log_softmax`` of its scores before temperature and penalties, as vLLM
+gives them.
+
 A bad request gets HTTP 400 and OpenAI's error JSON, ``{"error": {"message", "type", "param",
 "code"}}``, before anything is generated (404 for a model it does not serve, 413 for a body
 past its size, 503 with ``Retry-After`` when ``max_queue`` requests wait already). A client

@@ -35,7 +35,9 @@ a block each time its last one fills. When the pool is empty, the youngest runni
 *preempted*: its blocks are freed and it goes back to the front of the queue with the tokens it
 has written; when it is admitted again, its prompt and tokens are prefilled again
 (recomputation, as vLLM does), and it continues where it stopped. No request fails, and none
-writes into another's blocks.
+writes into another's blocks. With ``prefix_caching=True``, requests whose tokens begin the same
+way share the full blocks of that beginning, held by reference count, and each prefills only
+the rest.
 
 Each request samples with its own generator (``seed``) and counts its own tokens for the
 penalties, so its tokens are those it gets alone with

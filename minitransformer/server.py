@@ -436,7 +436,7 @@ class _Settings:
                 raise OpenAIError(f"logprobs must be true or false, got {_show(wanted)}",
                                   param="logprobs", code="invalid_type")
             top = _integer(body, "top_logprobs", None, low=0, high=MAX_TOP_LOGPROBS["chat"])
-            if top is not None and not wanted:
+            if top and not wanted:       # 0 without logprobs: what some clients send for off
                 raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs",
                                   code="invalid_value")
             self.top = (top or 0) if wanted else None
@@ -939,6 +939,7 @@ class _Choice:
         self.prompt_logprobs: list | None = None
         self.generated = 0
         self.reason: str | None = None
+        self.job_id: int | None = None   # the engine's id, once submitted
 
     def add(self, event) -> None:
         if event.prompt_logprobs is not None:

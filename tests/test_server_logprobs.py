@@ -100,8 +100,9 @@ def test_chat_logprobs_are_openai_s_shape_and_forward_s_values_streamed_or_not(s
                 for e in c.logprobs.content]
     assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
     plain = served.client.chat.completions.create(model=served.name, messages=messages,
-                                                  max_tokens=6, temperature=0)
+                                                  max_tokens=6, temperature=0, top_logprobs=0)
     assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == answer.choices[0].message.content
 
 
 def test_echo_with_max_tokens_0_gives_the_prompt_s_logprobs_as_lm_eval_reads_them(served):

@@ -46,7 +46,9 @@ class BlockPool:
 
     Blocks are handed out by :meth:`allocate` and given back by :meth:`free`; a freed block is
     the first to be handed out again (a stack), and a block cannot be freed twice or freed
-    without having been allocated.
+    without having been allocated. For prefix caching, :meth:`share` gives an allocated block
+    one more user (a reference count): :meth:`free` then takes one user away, and the block is
+    free again only when its last user gives it back.
 
     Args:
         num_blocks: how many blocks the pool holds.
@@ -72,6 +74,7 @@ class BlockPool:
         self.values = torch.zeros(shape, **factory)
         self._free = list(range(num_blocks - 1, -1, -1))   # a stack: block 0 is handed out first
         self._allocated: set[int] = set()
+        self._refs: dict[int, int] = {}         # the users of each allocated block
         self._gathered: Tensor | None = None    # the buffer of gathered() (keys, values)
 
     @property
@@ -117,11 +120,30 @@ class BlockPool:
             return None
         blocks = [self._free.pop() for _ in range(n)]
         self._allocated.update(blocks)
+        self._refs.update(dict.fromkeys(blocks, 1))
         return blocks
 
-    def free(self, blocks: Sequence[int]) -> None:
-        """Give ``blocks`` back to the pool. All or nothing: nothing is freed when one of them
-        is not allocated.
+    def share(self, blocks: Sequence[int]) -> None:
+        """Give each of the allocated ``blocks`` one more user (prefix caching): it is freed
+        when the last one gives it back.
+
+        Raises:
+            ValueError: a block that is not allocated.
+        """
+        for block in blocks:
+            if block not in self._allocated:
+                raise ValueError(f"block {block} is not allocated: it cannot be shared")
+        for block in blocks:
+            self._refs[block] += 1
+
+    def users(self, block: int) -> int:
+        """How many requests hold ``block`` (0: it is free)."""
+        return self._refs.get(block, 0)
+
+    def free(self, blocks: Sequence[int]) -> list[int]:
+        """Give ``blocks`` back to the pool: each loses a user, and those left with none are
+        free again (returned). All or nothing: nothing is freed when one of them is not
+        allocated.
 
         Raises:
             TypeError: ``blocks`` is not a list of ints.
@@ -136,8 +158,15 @@ class BlockPool:
                                  f"handed out): freeing it could give it to two requests")
         if len(set(blocks)) != len(blocks):
             raise ValueError(f"blocks {list(blocks)} names a block twice")
-        self._allocated.difference_update(blocks)
-        self._free.extend(reversed(blocks))
+        freed = []
+        for block in blocks:
+            self._refs[block] -= 1
+            if not self._refs[block]:
+                del self._refs[block]
+                freed.append(block)
+        self._allocated.difference_update(freed)
+        self._free.extend(reversed(freed))
+        return freed
 
     def gathered(self, slots: int) -> tuple[Tensor, Tensor]:
         """Two tensors ``(slots, num_kv_heads, head_dim)`` into which :meth:`PagedView.update`

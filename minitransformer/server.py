@@ -1,12 +1,21 @@
 """An OpenAI-compatible HTTP server over the continuous-batching engine (chapter 18).
 
-The HTTP layer is thin: it checks a request, turns it into token ids (chapter 16's chat template
-for ``/v1/chat/completions``, the tokenizer for ``/v1/completions``), hands a
+The HTTP layer is thin: it checks a request, turns it into token ids (the model's chat
+template for ``/v1/chat/completions``: chapter 16's, or a model's own Jinja template such as
+SmolLM2's ChatML; the tokenizer for ``/v1/completions``), hands a
 :class:`~minitransformer.serving.Request` to the :class:`~minitransformer.serving.Engine`, and
 turns the engine's events back into OpenAI's JSON, whole or streamed as server-sent events
 (``data: {...}`` lines, the last one ``data: [DONE]``). One worker thread calls
 ``engine.step()`` while there is work; each request waits on its own queue of events, so many
 requests share every forward pass.
+
+``/v1/completions`` takes a string, a list of strings, a list of token ids or a list of lists
+of them; with ``n``, each prompt gets ``n`` choices (both endpoints), choice ``j`` seeded with
+``seed + j``. A request's choices enter the engine together, so they run as one batch.
+``logprobs`` (chat: ``logprobs`` and ``top_logprobs`` up to 20; completions: ``logprobs`` up to
+5, and ``echo``, which with ``max_tokens: 0`` gives the prompt's own) are the model's raw
+log-probabilities, ``log_softmax`` of its scores before temperature and penalties, as vLLM
+gives them.
 
 A bad request gets HTTP 400 and OpenAI's error JSON, ``{"error": {"message", "type", "param",
 "code"}}``, before anything is generated (404 for a model it does not serve, 413 for a body
@@ -43,7 +52,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
-from minitransformer.chat import CHAT_TOKENS, ROLE_TOKENS, check_chat_tokenizer
+from minitransformer import chat as chat_format
+from minitransformer.chat import ROLE_TOKENS
 from minitransformer._checks import check_int, check_type
 from minitransformer.serving import Engine
 from minitransformer.serving import Request as EngineRequest
@@ -54,15 +64,20 @@ log = logging.getLogger("minitransformer.server")
 
 #: Parameters of OpenAI's API that this server has no use for, accepted at these values only
 #: (what a client sends when it means "off"); any other value is refused by name.
-NEUTRAL = {"user": str, "logprobs": (None, False), "top_logprobs": (None, 0),
-           "logit_bias": (None, {}), "echo": (None, False), "best_of": (None, 1),
+NEUTRAL = {"user": str,
+           "logit_bias": (None, {}), "best_of": (None, 1),
            "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
            "response_format": (None, {"type": "text"}), "parallel_tool_calls": None,
            "store": (None, False), "metadata": None, "service_tier": None}
 SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
             "frequency_penalty", "n", "stream", "stream_options", "model")
-CHAT_FIELDS = {"messages", "max_completion_tokens", *SAMPLING}
-COMPLETION_FIELDS = {"prompt", *SAMPLING}
+CHAT_FIELDS = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", *SAMPLING}
+COMPLETION_FIELDS = {"prompt", "logprobs", "echo", *SAMPLING}
+#: The most alternatives per token that ``top_logprobs`` (chat) and ``logprobs``
+#: (completions) may ask for, as OpenAI's API allows.
+MAX_TOP_LOGPROBS = {"chat": 20, "completions": 5}
+#: The most choices one request may ask for (``n`` times the prompts).
+MAX_CHOICES = 128
 #: The deepest a request's JSON may nest (OpenAI's requests need 5 levels).
 MAX_DEPTH = 32
 #: Requests that may wait for a row of the batch, past those that run, by default.
@@ -182,27 +197,41 @@ class _Worker:
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, request: EngineRequest) -> tuple[int, asyncio.Queue]:
+    def submit(self, requests: Sequence[EngineRequest]) -> tuple[list[int], asyncio.Queue]:
+        """Queue the requests of one HTTP request (its choices) together, so that they are
+        admitted in the same step and run as a batch; their ids, and the queue that gets all
+        their events."""
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        limit = self.engine.max_batch + self.max_queue
+        if len(requests) > limit:
+            raise OpenAIError(f"the request asks for {len(requests)} choices (n times the "
+                              f"prompts); this server takes at most {limit} at once",
+                              param="n", code="invalid_value")
         with self._lock:
             if self._stopping or self.draining:
                 raise OpenAIError("the server is shutting down", status=503,
                                   kind="server_error", code="shutting_down")
-            if len(self._queues) >= self.engine.max_batch + self.max_queue:
+            if len(self._queues) + len(requests) > limit:
                 raise OpenAIError(
                     f"the server is busy: {self.engine.max_batch} requests run and "
                     f"{self.max_queue} wait already; try again shortly", status=503,
                     kind="server_error", code="server_busy",
                     headers={"Retry-After": str(RETRY_AFTER)})
+            ids: list[int] = []
             try:
-                request_id = self.engine.submit(request)
+                for request in requests:
+                    ids.append(self.engine.submit(request))
             except ValueError as exc:       # longer than the context, or than the whole pool
+                for request_id in ids:
+                    self.engine.cancel(request_id)
                 raise OpenAIError(str(exc), code="invalid_value") from None
-            self._queues[request_id] = (loop, queue)
-            self._last[request_id] = (time.perf_counter(), False)
-            self.requests += 1
+            now = time.perf_counter()
+            for request_id in ids:
+                self._queues[request_id] = (loop, queue)
+                self._last[request_id] = (now, False)
+            self.requests += len(ids)
         self._wake.set()
-        return request_id, queue
+        return ids, queue
 
     def cancel(self, request_id: int) -> None:
         """Stop a request that is still running (its client left); its blocks are freed."""
@@ -283,30 +312,30 @@ def _put(target: tuple[asyncio.AbstractEventLoop, asyncio.Queue], item: object) 
 _DISCONNECTED = object()
 
 
-async def _events(worker: _Worker, request_id: int, queue: asyncio.Queue) -> AsyncIterator:
-    """The engine's events for one request, up to the one that finishes it. Leaving early
-    (a disconnect, a cancelled task) cancels the request in the engine."""
-    finished = False
+async def _events(worker: _Worker, request_ids: Sequence[int], queue: asyncio.Queue
+                  ) -> AsyncIterator:
+    """The engine's events for the requests of one HTTP request, up to the ones that finish
+    them all. Leaving early (a disconnect, a cancelled task, one request's error) cancels the
+    unfinished ones in the engine."""
+    unfinished = set(request_ids)
     try:
-        while True:
+        while unfinished:
             event = await queue.get()
             if event is _DISCONNECTED:
                 return
             if isinstance(event, OpenAIError):
                 raise event
+            if event.finish_reason is not None:
+                unfinished.discard(event.request_id)
             if event.finish_reason == "error":
-                finished = True
                 raise OpenAIError(
                     "the model's scores became NaN or infinite, so no token could be chosen: "
                     "the model is broken (its weights, or numbers past its precision); the "
                     "answer was stopped", status=422, kind="model_error",
                     code="non_finite_scores")
-            finished = event.finish_reason is not None
             yield event
-            if finished:
-                return
     finally:
-        if not finished:
+        for request_id in unfinished:
             worker.cancel(request_id)
 
 
@@ -377,7 +406,7 @@ def _stop(body: dict) -> tuple[str, ...]:
 class _Settings:
     """The parameters common to both endpoints, checked."""
 
-    def __init__(self, body: dict, fields: set[str], model_name: str) -> None:
+    def __init__(self, body: dict, fields: set[str], model_name: str, *, chat: bool) -> None:
         for name in body:
             if name in NEUTRAL:
                 allowed = NEUTRAL[name]
@@ -400,11 +429,26 @@ class _Settings:
                               param="model", code="missing_required_parameter")
         if model != model_name:
             raise _model_not_found(model, model_name)
-        n = _integer(body, "n", 1, low=1)
-        if n != 1:
-            raise OpenAIError(f"n must be 1: this server writes one choice per request, got "
-                              f"n={_show(n)} (send one request per choice, with different "
-                              f"seeds)", param="n", code="unsupported_value")
+        self.n = _integer(body, "n", 1, low=1, high=MAX_CHOICES)
+        if chat:                         # logprobs: true|false, top_logprobs: 0 to 20
+            wanted = body.get("logprobs")
+            if wanted is not None and not isinstance(wanted, bool):
+                raise OpenAIError(f"logprobs must be true or false, got {_show(wanted)}",
+                                  param="logprobs", code="invalid_type")
+            top = _integer(body, "top_logprobs", None, low=0, high=MAX_TOP_LOGPROBS["chat"])
+            if top and not wanted:       # 0 without logprobs: what some clients send for off
+                raise OpenAIError("top_logprobs needs logprobs: true", param="top_logprobs",
+                                  code="invalid_value")
+            self.top = (top or 0) if wanted else None
+            self.echo = False
+        else:                            # logprobs: 0 to 5 alternatives; echo: true|false
+            self.top = _integer(body, "logprobs", None, low=0,
+                                high=MAX_TOP_LOGPROBS["completions"])
+            echo = body.get("echo")
+            if echo is not None and not isinstance(echo, bool):
+                raise OpenAIError(f"echo must be true or false, got {_show(echo)}",
+                                  param="echo", code="invalid_type")
+            self.echo = bool(echo)
         self.temperature = _number(body, "temperature", 1.0, low=0.0)
         self.top_p = _number(body, "top_p", None, low=0.0, high=1.0, low_open=True)
         self.presence_penalty = _number(body, "presence_penalty", 0.0, low=-2.0, high=2.0)
@@ -423,25 +467,29 @@ class _Settings:
                               "stream: true", param="stream_options", code="invalid_value")
         self.include_usage = bool((options or {}).get("include_usage"))
 
-    def request(self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int]
-                ) -> EngineRequest:
+    def request(self, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int],
+                choice: int = 0) -> EngineRequest:
+        """The engine's request for choice ``choice`` (0 to ``n - 1``) of a prompt: seeded
+        with ``seed + choice``, so that it is the request with ``n=1`` and that seed."""
+        seed = None if self.seed is None else self.seed + choice
         try:
             return EngineRequest(prompt_ids, max_tokens=max_tokens,
                                  temperature=self.temperature, top_p=self.top_p,
-                                 seed=self.seed, stop=self.stop,
+                                 seed=seed, stop=self.stop,
                                  presence_penalty=self.presence_penalty,
                                  frequency_penalty=self.frequency_penalty,
-                                 stop_token_ids=stop_token_ids)
+                                 stop_token_ids=stop_token_ids, logprobs=self.top,
+                                 prompt_logprobs=self.echo and self.top is not None)
         except (TypeError, ValueError) as exc:
             raise OpenAIError(str(exc), code="invalid_value") from None
 
 
 def _max_tokens(body: dict, names: tuple[str, ...], prompt_tokens: int, context: int,
-                default: int | None) -> int:
+                default: int | None, *, low: int = 1) -> int:
     """The most tokens to write: the first of ``names`` given, else ``default``, else all the
     room the context leaves; refused past the context."""
     room = context - prompt_tokens
-    given = {n: _integer(body, n, None, low=1) for n in names}      # each one is checked
+    given = {n: _integer(body, n, None, low=low) for n in names}      # each one is checked
     name = next((n for n in names if given[n] is not None), names[0])
     value = given[name]
     if value is None:
@@ -552,8 +600,10 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
     model ``model_name``: ``POST /v1/chat/completions``, ``POST /v1/completions``,
     ``GET /v1/models``, the chat page at ``/``, and ``/health``, ``/metrics``, ``/tokenize``,
     ``/detokenize``. The engine is stepped by a thread that starts and stops with the app (its
-    lifespan). A chat answer ends at the chat format's tokens (``<|end|>`` or a role marker),
-    as ``minitransformer chat`` does; a completion ends at no token, as ``minitransformer
+    lifespan). A chat answer ends at the chat format's tokens
+    (:func:`~minitransformer.chat.stop_token_ids`: ``<|end|>`` or a role marker for the
+    course's format, ``<|im_end|>`` and the other special tokens for SmolLM2's template), as
+    ``minitransformer chat`` does; a completion ends at no token, as ``minitransformer
     generate`` does (``stop`` strings end both). Special tokens write no text.
 
     Args:
@@ -587,12 +637,13 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
     if max_body_bytes is None:          # JSON writes a byte as 6 at most (\u0001)
         max_body_bytes = (6 * longest_token + 64) * context + 2**16
     check_int("max_body_bytes", max_body_bytes)
-    try:
-        specials = check_chat_tokenizer(tokenizer)
-        chat_stops = [specials[token] for token in CHAT_TOKENS]
+    try:                                    # the course's chat tokens, or a model's template
+        chat_stops = chat_format.stop_token_ids(tokenizer)
     except ValueError:
-        specials = None                     # no chat format: /v1/completions only
+        chat_stops = None                   # no chat format: /v1/completions only
     worker = _Worker(engine, max_queue)
+    vocab_size = engine.config.vocab_size
+    form = _Logprobs(tokenizer, chat_stops or ())
     created = int(time.time())
     key_digest = None if api_key is None else hashlib.sha256(api_key.encode()).digest()
 
@@ -679,55 +730,97 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
         _check_prompt(_at_least_tokens(texts, longest_token), context, param, at_least=True)
 
     async def chat_ids(messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        if specials is None:
-            raise OpenAIError(f"the model {model_name} has no chat format (its tokenizer lacks "
-                              f"the chat tokens): use /v1/completions", param="model",
-                              code="model_not_supported")
+        if chat_stops is None:
+            raise OpenAIError(f"the model {model_name} has no chat format (its tokenizer has "
+                              f"neither the chat tokens nor a chat template): use "
+                              f"/v1/completions", param="model", code="model_not_supported")
         check_length([m["content"] for m in messages], "messages")
         try:
-            ids = await asyncio.to_thread(tokenizer.apply_chat_template, messages,
+            ids = await asyncio.to_thread(chat_format.apply_chat_template, tokenizer, messages,
                                           add_generation_prompt=add_generation_prompt)
         except (TypeError, ValueError) as exc:
             raise OpenAIError(str(exc), param="messages", code="invalid_value") from None
         _check_prompt(len(ids), context, "messages")
         return ids
 
-    async def prompt_ids(prompt: object) -> list[int]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise OpenAIError("prompt must be a string (one prompt per request), got "
-                              f"{_show(prompt)}", param="prompt", code="invalid_type")
-        check_length([prompt], "prompt")
+    async def encode(text: str, param: str) -> list[int]:
+        check_length([text], param)
         try:
-            ids = await asyncio.to_thread(tokenizer.encode, prompt)
+            ids = await asyncio.to_thread(tokenizer.encode, text)
         except (TypeError, ValueError) as error:  # a lone surrogate is not UTF-8, for one
-            raise OpenAIError(f"prompt cannot be encoded: {error}", param="prompt",
+            raise OpenAIError(f"{param} cannot be encoded: {error}", param=param,
                               code="invalid_value") from None
-        if not ids:
-            raise OpenAIError("prompt is empty: give the text to continue", param="prompt",
-                              code="invalid_value")
-        _check_prompt(len(ids), context, "prompt")
         return ids
+
+    async def prompt_list(prompt: object, n: int = 1) -> list[tuple[list[int], str]]:
+        """The prompts of a completion request, each as token ids and text: a string, a
+        list of strings, a list of token ids, or a list of lists of them."""
+        if isinstance(prompt, str) or _is_ids(prompt):
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not prompt or not (
+                all(isinstance(p, str) for p in prompt) or all(_is_ids(p) for p in prompt)):
+            raise OpenAIError("prompt must be a string, a list of strings, a list of token "
+                              f"ids or a list of lists of token ids, got {_show(prompt)}",
+                              param="prompt", code="invalid_type")
+        if len(prompt) * n > MAX_CHOICES:
+            raise OpenAIError(f"{len(prompt)} prompts times n={n} make {len(prompt) * n} "
+                              f"choices; this server writes at most {MAX_CHOICES} per "
+                              f"request", param="prompt", code="invalid_value")
+        out = []
+        for k, given in enumerate(prompt):
+            param = "prompt" if len(prompt) == 1 else f"prompt[{k}]"
+            if isinstance(given, str):
+                ids, text = await encode(given, param), given
+            else:
+                outside = next((t for t in given if not 0 <= t < vocab_size), None)
+                if outside is not None:
+                    raise OpenAIError(f"{param} holds the token id {_show(outside)}, outside "
+                                      f"the vocabulary [0, {vocab_size})", param=param,
+                                      code="invalid_value")
+                ids = given
+                text = await asyncio.to_thread(tokenizer.decode, ids) if ids else ""
+            if not ids:
+                raise OpenAIError(f"{param} is empty: give the text to continue",
+                                  param=param, code="invalid_value")
+            _check_prompt(len(ids), context, param)
+            out.append((ids, text))
+        return out
+
+    async def prompt_ids(prompt: object) -> list[int]:
+        prompts = await prompt_list(prompt)
+        if len(prompts) != 1:
+            raise OpenAIError(f"prompt must be one prompt here, got {len(prompts)}",
+                              param="prompt", code="invalid_value")
+        return prompts[0][0]
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request):
         body = await _json_body(request, max_body_bytes)
-        settings = _Settings(body, CHAT_FIELDS, model_name)
+        settings = _Settings(body, CHAT_FIELDS, model_name, chat=True)
         ids = await chat_ids(_chat_messages(body))
         limit = _max_tokens(body, ("max_completion_tokens", "max_tokens"), len(ids), context,
                             None)
-        return await _answer(request, worker, settings.request(ids, limit, chat_stops),
-                             settings, chat=True, model_name=model_name)
+        choices = [_Choice(j, settings.request(ids, limit, chat_stops, j))
+                   for j in range(settings.n)]
+        return await _answer(request, worker, choices, settings, chat=True,
+                             model_name=model_name, form=form, prompt_tokens=len(ids))
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request):
         body = await _json_body(request, max_body_bytes)
-        settings = _Settings(body, COMPLETION_FIELDS, model_name)
-        ids = await prompt_ids(body.get("prompt"))
-        limit = _max_tokens(body, ("max_tokens",), len(ids), context, 16)
-        return await _answer(request, worker, settings.request(ids, limit, []), settings,
-                             chat=False, model_name=model_name)
+        settings = _Settings(body, COMPLETION_FIELDS, model_name, chat=False)
+        choices = []
+        prompts = await prompt_list(body.get("prompt"), settings.n)
+        for ids, text in prompts:
+            limit = _max_tokens(body, ("max_tokens",), len(ids), context, 16,
+                                low=0 if settings.echo else 1)
+            for j in range(settings.n):
+                job = settings.request(ids, max(limit, 1), [], j)
+                choices.append(_Choice(len(choices), job, keep=limit > 0,
+                                       echo=text if settings.echo else None))
+        return await _answer(request, worker, choices, settings, chat=False,
+                             model_name=model_name, form=form,
+                             prompt_tokens=sum(len(ids) for ids, _ in prompts))
 
     # ----- beside OpenAI's API: health, metrics, tokens (as vLLM names them) -----------------
 
@@ -828,76 +921,184 @@ def _check_prompt(prompt_tokens: int, context: int, param: str, *,
                           param=param, code="context_length_exceeded")
 
 
-async def _answer(request: Request, worker: _Worker, job: EngineRequest, settings: _Settings,
-                  *, chat: bool, model_name: str):
-    """Submit the request and answer it, as one JSON object or as a stream of events."""
-    ids = job.prompt_ids
-    request_id, queue = worker.submit(job)
+def _is_ids(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+class _Choice:
+    """One choice of an answer: its engine request, and what it has written so far."""
+
+    def __init__(self, index: int, job: EngineRequest, *, keep: bool = True,
+                 echo: str | None = None) -> None:
+        self.index, self.job = index, job
+        self.keep = keep            # False: max_tokens 0 (echo): the token written is not shown
+        self.echo = echo            # the prompt's text, written before the answer (echo)
+        self.pieces: list[str] = []
+        self.logprobs: list = []    # the new tokens' TokenLogprob
+        self.prompt_logprobs: list | None = None
+        self.generated = 0
+        self.reason: str | None = None
+        self.job_id: int | None = None   # the engine's id, once submitted
+
+    def add(self, event) -> None:
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
+        if event.token_id is not None and self.keep:
+            self.generated += 1
+            self.pieces.append(event.text)
+            if event.logprob is not None:
+                self.logprobs.append(event.logprob)
+        self.reason = event.finish_reason
+
+    def echo_items(self) -> list:
+        """The prompt's ``(token_id, TokenLogprob or None)``, for ``echo`` with logprobs."""
+        ids, given = self.job.prompt_ids, self.prompt_logprobs or [None] * len(self.job.prompt_ids)
+        return list(zip(ids, given))
+
+
+class _Logprobs:
+    """OpenAI's ``logprobs`` objects: a completion's (``tokens``, ``token_logprobs``,
+    ``top_logprobs``, ``text_offset``) and a chat's (``content``: one entry per token, with
+    its ``bytes`` and ``top_logprobs``). A chat's end token has none (it is not content)."""
+
+    def __init__(self, tokenizer, chat_stops: Sequence[int]) -> None:
+        self.tokenizer, self.chat_stops = tokenizer, frozenset(chat_stops)
+
+    def text(self, token: int) -> str:
+        return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+    def completion(self, items: Sequence, offset: int = 0) -> dict:
+        """``items``: ``(token_id, TokenLogprob or None)``; the top alternatives' dict also
+        holds the token itself, as vLLM writes it."""
+        tokens, values, tops, offsets = [], [], [], []
+        for token, entry in items:
+            text = self.text(token)
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+            values.append(None if entry is None else entry.logprob)
+            tops.append(None if entry is None else {
+                **{self.text(t): v for t, v in entry.top}, text: entry.logprob})
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+                "text_offset": offsets}
+
+    def chat(self, entries: Sequence) -> dict:
+        def one(token: int, value: float) -> dict:
+            return {"token": self.text(token), "logprob": value,
+                    "bytes": list(self.tokenizer.token_bytes(token))}
+
+        return {"content": [{**one(e.token_id, e.logprob),
+                             "top_logprobs": [one(t, v) for t, v in e.top]}
+                            for e in entries if e.token_id not in self.chat_stops],
+                "refusal": None}
+
+
+async def _answer(request: Request, worker: _Worker, choices: list[_Choice],
+                  settings: _Settings, *, chat: bool, model_name: str, form: _Logprobs,
+                  prompt_tokens: int):
+    """Submit the choices' requests together and answer them, as one JSON object or as a
+    stream of events."""
+    ids, queue = worker.submit([c.job for c in choices])
+    by_id = dict(zip(ids, choices))
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model_name}
     if settings.stream:
-        chunks = _stream(worker, request_id, queue, head, chat, len(ids),
-                         settings.include_usage)
+        chunks = _stream(worker, ids, by_id, queue, head, chat, prompt_tokens,
+                         settings.include_usage, form, settings.top is not None)
         return StreamingResponse(chunks, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     watcher = asyncio.ensure_future(_watch_disconnect(request, queue))
-    pieces, generated, reason = [], 0, None
     try:
-        async for event in _events(worker, request_id, queue):
-            pieces.append(event.text)
-            generated += event.token_id is not None
-            reason = event.finish_reason
+        async for event in _events(worker, ids, queue):
+            by_id[event.request_id].add(event)
     finally:
         watcher.cancel()
-    if reason is None or reason == "cancelled":
+    if any(c.reason is None or c.reason == "cancelled" for c in choices):
         raise OpenAIError("the request was cancelled before it finished", status=503,
                           kind="server_error", code="cancelled")
-    text = "".join(pieces)
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat else
-              {"index": 0, "text": text})
-    return {**head, "choices": [{**choice, "logprobs": None, "finish_reason": reason}],
-            "usage": _usage(len(ids), generated)}
+    out = []
+    for c in choices:
+        text = "".join(c.pieces)
+        logprobs = None
+        if chat:
+            choice = {"index": c.index, "message": {"role": "assistant", "content": text}}
+            if settings.top is not None:
+                logprobs = form.chat(c.logprobs)
+        else:
+            choice = {"index": c.index, "text": (c.echo or "") + text}
+            if settings.top is not None:
+                items = c.echo_items() if c.echo is not None else []
+                logprobs = form.completion([*items, *((e.token_id, e) for e in c.logprobs)])
+        out.append({**choice, "logprobs": logprobs, "finish_reason": c.reason})
+    return {**head, "choices": out,
+            "usage": _usage(prompt_tokens, sum(c.generated for c in choices))}
 
 
-async def _stream(worker: _Worker, request_id: int, queue: asyncio.Queue, head: dict,
-                  chat: bool, prompt_tokens: int, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: one ``data: {chunk}`` per piece of text, a last chunk with the
-    finish reason, the usage if asked for, then ``data: [DONE]``."""
+async def _stream(worker: _Worker, ids: list[int], by_id: dict, queue: asyncio.Queue,
+                  head: dict, chat: bool, prompt_tokens: int, include_usage: bool,
+                  form: _Logprobs, logprobs: bool) -> AsyncIterator[str]:
+    """Server-sent events: one ``data: {chunk}`` per piece of text of a choice (with its
+    token's logprobs, if asked for), a last chunk per choice with its finish reason, the usage
+    if asked for, then ``data: [DONE]``. With ``echo``, a choice's first chunk is its
+    prompt."""
     head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+    offsets = dict.fromkeys(ids, 0)
 
-    def chunk(text: str | None, reason: str | None, *, first: bool = False) -> str:
+    def chunk(c: _Choice, text: str | None, reason: str | None, *, first: bool = False,
+              items: Sequence = ()) -> str:
+        lp = None
         if chat:
             delta = {"role": "assistant", "content": ""} if first else (
                 {} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta}
+            choice = {"index": c.index, "delta": delta}
+            if logprobs and items:
+                lp = form.chat([e for _, e in items])
         else:
-            choice = {"index": 0, "text": text or ""}
-        body = {**head, "choices": [{**choice, "logprobs": None, "finish_reason": reason}]}
+            choice = {"index": c.index, "text": text or ""}
+            if logprobs and items:
+                lp = form.completion(items, offsets[c.job_id])
+                offsets[c.job_id] += sum(len(t) for t in lp["tokens"])
+        body = {**head, "choices": [{**choice, "logprobs": lp, "finish_reason": reason}]}
         if include_usage:
             body["usage"] = None
         return _sse(body)
 
+    for request_id, c in by_id.items():
+        c.job_id = request_id
     generated = 0
     try:
         if chat:
-            yield chunk(None, None, first=True)
-        async for event in _events(worker, request_id, queue):
-            generated += event.token_id is not None
+            for c in by_id.values():
+                yield chunk(c, None, None, first=True)
+        async for event in _events(worker, ids, queue):
+            c = by_id[event.request_id]
             if event.finish_reason == "cancelled":
                 raise OpenAIError("the request was cancelled before it finished",
                                   kind="server_error", code="cancelled")
-            if event.text:
-                yield chunk(event.text, None)
+            if c.echo is not None:
+                c.add(event)                # for its prompt's logprobs
+                items = c.echo_items() if logprobs else ()
+                yield chunk(c, c.echo, None, items=items)
+                c.echo = None
+            if c.keep and event.token_id is not None:
+                generated += 1
+                items = [] if event.logprob is None else [(event.token_id, event.logprob)]
+                if chat:
+                    items = [i for i in items if i[0] not in form.chat_stops]
+                if event.text or items:
+                    yield chunk(c, event.text, None, items=items)
             if event.finish_reason is not None:
-                yield chunk(None, event.finish_reason)
+                yield chunk(c, None, event.finish_reason)
     except OpenAIError as exc:              # the status is sent already: say it in the stream
         yield _sse({"error": {"message": exc.message, "type": exc.kind, "param": exc.param,
                               "code": exc.code}})
         yield "data: [DONE]\n\n"
         return
     finally:                                # a disconnect cancels the task at a yield
-        worker.cancel(request_id)
+        for request_id in ids:
+            worker.cancel(request_id)
     if include_usage:
         yield _sse({**head, "choices": [], "usage": _usage(prompt_tokens, generated)})
     yield "data: [DONE]\n\n"

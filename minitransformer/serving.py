@@ -35,7 +35,9 @@ a block each time its last one fills. When the pool is empty, the youngest runni
 *preempted*: its blocks are freed and it goes back to the front of the queue with the tokens it
 has written; when it is admitted again, its prompt and tokens are prefilled again
 (recomputation, as vLLM does), and it continues where it stopped. No request fails, and none
-writes into another's blocks.
+writes into another's blocks. With ``prefix_caching=True``, requests whose tokens begin the same
+way share the full blocks of that beginning, held by reference count, and each prefills only
+the rest.
 
 Each request samples with its own generator (``seed``) and counts its own tokens for the
 penalties, so its tokens are those it gets alone with
@@ -83,19 +85,28 @@ class Request:
         stop: a string or strings that end the text; the text stops before it.
         stop_token_ids: the tokens that end the request (not in its text); ``None`` takes the
             engine's ``eos_ids``.
+        logprobs: ``None``, or give each new token's raw log-probability (``log_softmax`` of
+            the model's scores, before temperature and penalties, as vLLM gives them) and
+            those of the ``logprobs`` likeliest tokens (0 for none): the events'
+            ``logprob``.
+        prompt_logprobs: also give each prompt token's log-probability given the tokens
+            before it (the first's is ``None``), with ``logprobs`` alternatives, in the event
+            of the first new token (what ``echo`` and lm-eval's loglikelihood need).
 
     Raises:
         TypeError, ValueError: a bad prompt or option, naming it.
     """
 
     __slots__ = ("prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop",
-                 "presence_penalty", "frequency_penalty", "stop_token_ids", "sampling")
+                 "presence_penalty", "frequency_penalty", "stop_token_ids", "sampling",
+                 "logprobs", "prompt_logprobs")
 
     def __init__(self, prompt_ids: Sequence[int], *, max_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] = (), presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0,
-                 stop_token_ids: Sequence[int] | None = None):
+                 stop_token_ids: Sequence[int] | None = None, logprobs: int | None = None,
+                 prompt_logprobs: bool = False):
         self.prompt_ids = _checks.check_id_list("prompt_ids", prompt_ids, allow_empty=False)
         self.max_tokens = _checks.check_int("max_tokens", max_tokens)
         self.sampling = SamplingParams(temperature, top_k, top_p, presence_penalty,
@@ -116,6 +127,12 @@ class Request:
         self.stop = tuple(stops)
         self.stop_token_ids = (None if stop_token_ids is None
                                else _checks.check_id_list("stop_token_ids", stop_token_ids))
+        self.logprobs = None if logprobs is None else _checks.check_int("logprobs", logprobs,
+                                                                       low=0)
+        self.prompt_logprobs = _checks.check_type("prompt_logprobs", prompt_logprobs, bool,
+                                                  "True or False")
+        if prompt_logprobs and logprobs is None:
+            raise ValueError("prompt_logprobs=True needs logprobs (0 or more alternatives)")
 
     def __repr__(self) -> str:
         return (f"Request({len(self.prompt_ids)} prompt tokens, max_tokens={self.max_tokens}, "
@@ -138,29 +155,59 @@ def _check_finite_weights(model: nn.Module) -> None:
                              f"(a checkpoint damaged, or a training run that diverged)")
 
 
+class TokenLogprob(NamedTuple):
+    """A token's raw log-probability (``log_softmax`` of the model's scores) and the
+    ``(token_id, logprob)`` of the likeliest tokens at its position, likeliest first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprobs(logits: Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """Each row of scores ``(N, V)``'s log-probability of its token in ``tokens`` (``N``), and
+    its ``top`` likeliest tokens."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    index = torch.tensor(tokens, dtype=torch.long, device=logp.device)
+    chosen = logp.gather(-1, index[:, None])[:, 0].tolist()
+    if top:
+        values, ids = logp.topk(min(top, logp.shape[-1]), dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+    else:
+        tops = [()] * len(chosen)
+    return [TokenLogprob(t, lp, best) for t, lp, best in zip(tokens, chosen, tops)]
+
+
 class Event(NamedTuple):
     """What one step did for one request: ``token_id`` the new token (``None`` for a
     cancellation or an error), ``text`` the new text (``""`` while the bytes of a character or
     a possible stop string are held back; special tokens write none), ``finish_reason``
     ``None`` while it runs, then ``"stop"`` (an end token or a stop string), ``"length"``
     (``max_tokens``), ``"cancelled"``, or ``"error"``: the model's scores for the request
-    became NaN or infinite, and no token could be chosen."""
+    became NaN or infinite, and no token could be chosen. With the request's ``logprobs``,
+    ``logprob`` is the new token's :class:`TokenLogprob`; with ``prompt_logprobs``, the first
+    token's event also has the prompt's (``None`` for its first token)."""
 
     request_id: int
     token_id: int | None
     text: str
     finish_reason: str | None
+    logprob: TokenLogprob | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Completion(NamedTuple):
     """A finished request: the new ``token_ids`` (an end token included), its ``text`` (end
-    token and stop string left out), ``finish_reason``, and OpenAI's ``usage`` counts."""
+    token and stop string left out), ``finish_reason``, and OpenAI's ``usage`` counts; with
+    the request's ``logprobs``, each new token's :class:`TokenLogprob` (and the prompt's)."""
 
     token_ids: list[int]
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class _Sequence:
@@ -173,6 +220,7 @@ class _Sequence:
         self.prompt_len = len(self.tokens)
         self.blocks: list[int] = []
         self.cached = 0                              # positions whose keys are in the blocks
+        self.shared = 0                              # of them, in blocks shared at admission
         self.stop_ids = stop_ids
         self.generator = request.sampling.make_generator(device)
         penalised = request.sampling.penalised
@@ -229,12 +277,21 @@ class Engine:
         max_batch: the most requests that run at once.
         kv_blocks: the blocks of the pool.
         block_size: positions per block.
-        eos_ids: the tokens that end a request (``stop``); ``None`` takes the tokenizer's chat
-            tokens (``<|end|>`` and the role markers, as ``minitransformer chat`` stops), or
-            none without a tokenizer.
+        eos_ids: the tokens that end a request (``stop``); ``None`` takes the tokenizer's
+            :func:`~minitransformer.chat.stop_token_ids` (``<|end|>`` and the role markers, as
+            ``minitransformer chat`` stops; ``<|im_end|>`` first for SmolLM2), or none without
+            a tokenizer or a chat format.
         pack_weights: the model's weights also packed for the CPU's matrix products (see the
             module's notes; twice the weights' memory); ``False``: not, and the prefill is
             ``forward``'s bit for bit.
+        prefix_caching: share the full blocks of a prompt's beginning with the running
+            requests whose tokens begin the same way (vLLM's automatic prefix caching): the
+            new request prefills only the rest. A block is found by the tokens up to its end
+            and held by reference count (:meth:`BlockPool.share
+            <minitransformer.paged_cache.BlockPool.share>`), freed when its last user ends.
+            Its tokens are those without sharing up to float rounding (the rest's prefill
+            reads cached keys instead of computing them in the same pass). A request that
+            asks for ``prompt_logprobs`` prefills its whole prompt.
 
     Raises:
         TypeError, ValueError: a model that is not a GPT or Llama, a bad size or id, weights
@@ -243,7 +300,8 @@ class Engine:
 
     def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
                  kv_blocks: int = 256, block_size: int = BLOCK_SIZE,
-                 eos_ids: Sequence[int] | None = None, pack_weights: bool = True):
+                 eos_ids: Sequence[int] | None = None, pack_weights: bool = True,
+                 prefix_caching: bool = False):
         from minitransformer.models import architecture_of
 
         architecture_of(model)               # a GPT or a Llama: both have the fast step
@@ -252,6 +310,11 @@ class Engine:
                             f"{type(tokenizer).__name__}")
         self.max_batch = _checks.check_int("max_batch", max_batch)
         _checks.check_type("pack_weights", pack_weights, bool, "True or False")
+        self.prefix_caching = _checks.check_type("prefix_caching", prefix_caching, bool,
+                                                 "True or False")
+        self._prefix: dict[tuple[int, ...], int] = {}    # tokens up to a block's end -> block
+        self._block_key: dict[int, tuple[int, ...]] = {}
+        self.prefilled = 0                                # positions prefilled, all requests
         _check_finite_weights(model)
         c = self.config = model.config
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -262,10 +325,12 @@ class Engine:
                               num_kv_heads=kv_heads, head_dim=c.d_model // c.num_heads,
                               device=weight.device, dtype=weight.dtype)
         if eos_ids is None:
-            from minitransformer.chat import CHAT_TOKENS
+            from minitransformer.chat import stop_token_ids
 
-            special = getattr(tokenizer, "special_tokens", None) or {}
-            eos_ids = [special[t] for t in CHAT_TOKENS if t in special]
+            try:
+                eos_ids = [] if tokenizer is None else stop_token_ids(tokenizer)
+            except ValueError:                     # no chat format: no end token
+                eos_ids = []
         self.eos_ids = frozenset(self._check_vocab("eos_ids",
                                                    _checks.check_id_list("eos_ids", eos_ids)))
         # special tokens write no text, as transformers' decode(skip_special_tokens=True)
@@ -301,6 +366,9 @@ class Engine:
         c = self.config
         self._check_vocab("prompt_ids", request.prompt_ids)
         request.sampling.check_vocab(c.vocab_size)
+        if request.logprobs is not None and request.logprobs > c.vocab_size:
+            raise ValueError(f"logprobs={request.logprobs} is more than the model's "
+                             f"vocabulary of {c.vocab_size} tokens")
         stop_ids = (self.eos_ids if request.stop_token_ids is None else
                     frozenset(self._check_vocab("stop_token_ids", request.stop_token_ids)))
         total = len(request.prompt_ids) + request.max_tokens
@@ -440,6 +508,8 @@ class Engine:
     def _run(self, requests: Sequence[Request], ids: list[int]) -> list[Completion]:
         tokens: dict[int, list[int]] = {i: [] for i in ids}
         texts: dict[int, list[str]] = {i: [] for i in ids}
+        logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in ids}
+        prompt_logprobs: dict[int, list | None] = {i: None for i in ids}
         finished: dict[int, str] = {}
         while len(finished) < len(ids):
             if not self.has_work:
@@ -449,6 +519,10 @@ class Engine:
                     continue
                 if event.token_id is not None:
                     tokens[event.request_id].append(event.token_id)
+                if event.logprob is not None:
+                    logprobs[event.request_id].append(event.logprob)
+                if event.prompt_logprobs is not None:
+                    prompt_logprobs[event.request_id] = event.prompt_logprobs
                 texts[event.request_id].append(event.text)
                 if event.finish_reason == "error":
                     k = ids.index(event.request_id)
@@ -459,7 +533,8 @@ class Engine:
                 if event.finish_reason is not None:
                     finished[event.request_id] = event.finish_reason
         return [Completion(tokens[i], "".join(texts[i]), finished[i], len(r.prompt_ids),
-                           len(tokens[i])) for i, r in zip(ids, requests)]
+                           len(tokens[i]), None if r.logprobs is None else logprobs[i],
+                           prompt_logprobs[i]) for i, r in zip(ids, requests)]
 
     def _admit(self) -> list[_Sequence]:
         """Take waiting requests (oldest first) while a row and their blocks are free."""
@@ -469,28 +544,90 @@ class Engine:
         admitted = []
         while self._waiting and len(self._running) + len(admitted) < self.max_batch:
             seq = self._waiting[0]
-            if pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) > budget:
+            shared = len(self._shared_blocks(seq, len(seq.tokens) - (1 if seq.generated
+                                                                      else 0)))
+            if pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) - shared > budget:
                 break
             self._waiting.popleft()
             prefill = len(seq.tokens) - (1 if seq.generated else 0)
-            seq.blocks = pool.allocate(pool.blocks_for(prefill))
-            budget -= pool.blocks_for(min(len(seq.tokens) + 1, seq.limit))
+            shared = self._shared_blocks(seq, prefill)
+            pool.share(shared)
+            seq.shared = len(shared) * pool.block_size
+            seq.blocks = shared + pool.allocate(pool.blocks_for(prefill) - len(shared))
+            budget -= pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) - len(shared)
             admitted.append(seq)
         return admitted
+
+    def _shared_blocks(self, seq: _Sequence, prefill: int) -> list[int]:
+        """The blocks of running requests that hold the keys of ``seq``'s first tokens: full
+        blocks, found by the tokens up to their end, leaving at least one token to prefill
+        (its scores give the next token)."""
+        if not self.prefix_caching or seq.request.prompt_logprobs:
+            return []
+        size, found = self.pool.block_size, []
+        for i in range((prefill - 1) // size):
+            block = self._prefix.get(tuple(seq.tokens[:(i + 1) * size]))
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def _share_more(self, seq: _Sequence, length: int) -> None:
+        """Swap ``seq``'s own blocks for shared ones that requests prefilled since its
+        admission (in the same step, say) wrote with the same tokens."""
+        size = self.pool.block_size
+        with self._lock:
+            shared = self._shared_blocks(seq, length)
+            first = seq.shared // size
+            if len(shared) > first:
+                self.pool.share(shared[first:])
+                self._release(seq.blocks[first:len(shared)])
+                seq.blocks[first:len(shared)] = shared[first:]
+                seq.shared = len(shared) * size
+
+    def _register(self, seq: _Sequence, length: int) -> None:
+        """Make the full blocks that ``seq``'s prefill wrote findable by their tokens."""
+        size = self.pool.block_size
+        with self._lock:
+            for i in range(seq.shared // size, length // size):
+                key = tuple(seq.tokens[:(i + 1) * size])
+                block = seq.blocks[i]
+                if key not in self._prefix and block not in self._block_key:
+                    self._prefix[key], self._block_key[block] = block, key
 
     def _prefill(self, seq: _Sequence) -> Event | None:
         """Run the prompt (and, after a preemption, the tokens written so far but the last)
         through the model alone; the event of its next token, or ``None`` when it was
         recomputed and its next token is still to decode."""
         length = len(seq.tokens) - (1 if seq.generated else 0)
-        idx = torch.tensor([seq.tokens[:length]], dtype=torch.long, device=self.device)
-        logits = self._prefill_step(idx, self.pool.view([seq.blocks], [0], length))  # (1, T, V)
+        if self.prefix_caching:
+            self._share_more(seq, length)
+        start = seq.shared
+        idx = torch.tensor([seq.tokens[start:length]], dtype=torch.long, device=self.device)
+        view = self.pool.view([seq.blocks], [start], length - start)
+        if start:                        # after the shared blocks' positions
+            logits = self._prefill_step(idx, view, attention_mask=view.attention_mask,
+                                        position_ids=view.position_ids)
+        else:
+            logits = self._prefill_step(idx, view)                       # (1, T, V)
         seq.cached = length
+        self.prefilled += length - start
+        if self.prefix_caching:
+            self._register(seq, length)
         if not _usable(logits[:, -1])[0]:
             return self._fail(seq)
         if seq.generated:
             return None
-        return self._accept(seq, seq.choose(logits[:, -1]))
+        token = seq.choose(logits[:, -1])
+        request = seq.request
+        if request.logprobs is None:
+            return self._accept(seq, token)
+        (logprob,) = token_logprobs(logits[0, -1:], [token], request.logprobs)
+        prompt = None
+        if request.prompt_logprobs:
+            prompt = [None, *token_logprobs(logits[0, :-1], seq.tokens[1:length],
+                                            request.logprobs)]
+        return self._accept(seq, token, logprob, prompt)
 
     def _decode(self, rows: list[_Sequence]) -> list[Event]:
         """One new token for every row, in one batched forward pass."""
@@ -512,7 +649,9 @@ class Engine:
                 events.append(self._fail(seq))
                 continue
             token = chosen[i] if i in chosen else seq.choose(logits[i:i + 1])
-            events.append(self._accept(seq, token))
+            top = seq.request.logprobs
+            logprob = None if top is None else token_logprobs(logits[i:i + 1], [token], top)[0]
+            events.append(self._accept(seq, token, logprob))
         return events
 
     def _make_room(self, rows: list[_Sequence]) -> list[_Sequence]:
@@ -548,11 +687,20 @@ class Engine:
                 self._waiting.appendleft(seq)
 
     def _free(self, seq: _Sequence) -> None:
+        """Give ``seq``'s blocks back (a shared one stays with its other users); those freed
+        are no longer found by their tokens."""
         if seq.blocks:
-            self.pool.free(seq.blocks)
+            self._release(seq.blocks)
             seq.blocks = []
 
-    def _accept(self, seq: _Sequence, token: int) -> Event:
+    def _release(self, blocks: list[int]) -> None:
+        for block in self.pool.free(blocks):
+            key = self._block_key.pop(block, None)
+            if key is not None:
+                del self._prefix[key]
+
+    def _accept(self, seq: _Sequence, token: int, logprob: TokenLogprob | None = None,
+                prompt_logprobs: list | None = None) -> Event:
         """Record ``token`` for ``seq``; its event, and the end of ``seq`` if it is done."""
         seq.tokens.append(token)
         if seq.counts is not None:
@@ -574,7 +722,7 @@ class Engine:
                 finish = "stop" if stopped else "length"
         if finish is not None:
             self._end(seq, finish)
-        return Event(seq.id, token, text, finish)
+        return Event(seq.id, token, text, finish, logprob, prompt_logprobs)
 
     def _fail(self, seq: _Sequence) -> Event:
         """End ``seq`` whose scores are not finite (no token can be chosen from NaN)."""

@@ -115,6 +115,33 @@ def test_the_engine_packs_the_weights_unless_told_not_to(model_dir, monkeypatch,
     assert [kwargs["pack_weights"] for kwargs in made] == [packed]
 
 
+@pytest.mark.parametrize("flags, caching", [((), False), (("--prefix-caching",), True)])
+def test_prefix_caching_is_off_unless_asked_for(model_dir, monkeypatch, flags, caching):
+    import minitransformer.cli.serve as serve_module
+    import minitransformer.serving as serving
+
+    made, engine_class = [], serving.Engine
+
+    def recorded(*args, **kwargs):
+        made.append(kwargs)
+        return engine_class(*args, **kwargs)
+
+    monkeypatch.setattr(serving, "Engine", recorded)
+    monkeypatch.setattr(serve_module, "serve", lambda app, sock, uvicorn: None)  # no loop
+    assert main(["serve", "--model", str(model_dir), "--port", "0", "--device", "cpu",
+                 *flags]) == 0
+    assert [kwargs["prefix_caching"] for kwargs in made] == [caching]
+
+
+def test_a_file_that_is_not_a_gguf_model_is_refused_in_one_line(capsys, tmp_path):
+    text = tmp_path / "model.txt"
+    text.write_text("hello")
+    assert "no such directory or .gguf file" in refused(capsys, "--model", text)
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"not a gguf file at all")
+    assert str(fake) in refused(capsys, "--model", fake, "--port", 0)
+
+
 def test_a_kv_cache_past_the_free_memory_is_refused_in_one_line(capsys, model_dir):
     err = refused(capsys, "--model", model_dir, "--kv-blocks", 1_000_000_000_000,
                   "--device", "cpu")

@@ -1,4 +1,5 @@
-"""``minitransformer serve``: an OpenAI-compatible server for a model directory (chapter 18).
+"""``minitransformer serve``: an OpenAI-compatible server for a model directory or a GGUF
+file (chapter 18).
 
 The model, its tokenizer and a :class:`~minitransformer.serving.Engine` go behind
 :func:`minitransformer.server.create_app`, run by uvicorn on a socket bound here first, so that
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "flight and exits.")
     add = parser.add_argument
     add("--model", metavar="DIR|FILE.gguf", required=True, help="a directory written by train "
-        "or finetune (the chat endpoint needs the chat tokens), or a .gguf file")
+        "or finetune, or a model's .gguf file (the chat endpoint needs a chat format)")
     add("--name", help="the model's id in the API (default: the directory's name)")
     add("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
         "this machine only)")
@@ -54,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cache's pool (default 256)")
     add("--no-pack-weights", action="store_true", help="do not keep a GPT's weights also "
         "packed for the CPU's matrix products (half the memory, slower batches)")
+    add("--prefix-caching", action="store_true", help="share the KV blocks of prompts that "
+        "begin with the same tokens (fewer positions to prefill)")
     add("--device", help="default: minitransformer.default_device()")
     add("--threads", type=positive, help="CPU threads (default: OMP_NUM_THREADS, else the "
         "cores idle now)")
@@ -89,11 +92,13 @@ def run(args: argparse.Namespace) -> int:
         check_pool_fits(model, args.kv_blocks, where)
         try:
             engine = Engine(model.eval(), tokenizer, max_batch=args.max_batch,
-                            kv_blocks=args.kv_blocks, pack_weights=not args.no_pack_weights)
+                            kv_blocks=args.kv_blocks, pack_weights=not args.no_pack_weights,
+                            prefix_caching=args.prefix_caching)
         except (RuntimeError, MemoryError) as exc:   # the allocator's refusal
             raise CommandLineError(f"--kv-blocks {args.kv_blocks}: the KV cache could not be "
                                    f"allocated ({str(exc).splitlines()[0]})") from None
-        name = args.name or folder.resolve().name
+        name = args.name or (folder.resolve().stem if folder.is_file()
+                             else folder.resolve().name)
         api_key = args.api_key if args.api_key is not None else os.environ.get(
             API_KEY_VARIABLE) or None
         if args.api_key is not None and not args.api_key.strip():

@@ -1,4 +1,5 @@
 """Blind catalogue 2: wrong answers to chapter 17's exercises (written from the book only)."""
+# ruff: noqa: E501  (one wrong answer per line in WRONG_ANSWERS)
 
 import torch
 import torch.nn.functional as F

@@ -237,6 +237,12 @@ def build_parser() -> Parser:
     c.set_defaults(run=convert.run)
     c.add_argument("dir", metavar="DIR", help="a directory with a pytorch_model.bin, or the "
                    "file itself")
+
+    from minitransformer.cli import quantize
+    quantize.add_arguments(commands.add_parser(
+        "quantize", help="a Llama as a GGUF file in 8 or 4 bits, for llama.cpp (chapter 19)",
+        description="Write MODEL (a GGUF file or a model directory) as a GGUF file whose "
+        "matrices are of the type --to, its norms F32, with the tokenizer."))
     return parser
 
 

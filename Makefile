@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # Written after a successful install; older than requirements.txt or pyproject.toml means reinstall.
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test unit bench lab execute clean help corpus test-gpu gpu-wheels smollm2
+.PHONY: book test unit bench lab execute clean help corpus test-gpu gpu-wheels smollm2 llama-cpp
 
 help:
 	@echo "make book     build the HTML book into _build/html (creates .venv on first use)"
@@ -14,6 +14,7 @@ help:
 	@echo "make test-gpu the unit tests on CUDA, then every chapter under nbval on CUDA (no browser)"
 	@echo "make gpu-wheels  download the wheels tools/gpu_check.sh installs on a GPU machine offline"
 	@echo "make smollm2  download the real model (SmolLM2-135M-Instruct, GGUF, 98 MB) once; book and test do"
+	@echo "make llama-cpp  build llama.cpp's Python binding once into the cache (a test and benchmark reference)"
 	@echo "make bench    run every benchmark in benchmarks/ and print its ratios against PyTorch"
 	@echo "make lab      open the notebooks in JupyterLab with minitransformer importable"
 	@echo "make execute  re-execute every chapter in place (after a package change)"
@@ -31,6 +32,18 @@ SMOLLM2 := $(or $(MINITRANSFORMER_CACHE),$(HOME)/.cache/minitransformer)/SmolLM2
 $(SMOLLM2): | $(STAMP)
 	$(BIN)/python -c "from minitransformer.pretrained import download_smollm2; download_smollm2()"
 smollm2: $(SMOLLM2)
+
+# llama.cpp (chapter 19's reference for GGUF files and for speed), built from source once per
+# machine into the cache, keyed by its version, outside the clone: a fresh clone reuses it. Built
+# under .partial and renamed, so a killed build is started again, never used half done. Not a
+# dependency of `make test` (yet): the build takes many minutes on 2 cores.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP := $(or $(MINITRANSFORMER_CACHE),$(HOME)/.cache/minitransformer)/llama-cpp-python-$(LLAMA_CPP_VERSION)
+$(LLAMA_CPP): | $(STAMP)
+	rm -rf $(LLAMA_CPP).partial
+	$(BIN)/python -m pip install --quiet --no-deps --target $(LLAMA_CPP).partial llama-cpp-python==$(LLAMA_CPP_VERSION)
+	mv $(LLAMA_CPP).partial $(LLAMA_CPP)
+llama-cpp: $(LLAMA_CPP)
 
 book: $(STAMP) $(SMOLLM2)
 	$(BIN)/jupyter-book build . -W -n --keep-going

@@ -811,20 +811,7 @@ class BPETokenizer:
             raise ValueError(f"only a tokenizer with pattern=GPT2_PATTERN or SMOLLM_PATTERN can "
                              f"be written as GPT-2's files (transformers splits text with those "
                              f"patterns); this one has pattern={shown}")
-        char = bytes_to_unicode()
-        names = ["".join(char[b] for b in data) for data in self._bytes[:256 + len(self.merges)]]
-        names += list(self.special_tokens)
-        ids = self.file_ids or range(len(names))
-        vocab: dict[str, int] = {}
-        for own_id, name in enumerate(names):
-            if ids[own_id] is None:
-                continue  # a byte the vocabulary lacks
-            if name in vocab:
-                raise ValueError(f"tokens {vocab[name]} and {ids[own_id]} would both be named "
-                                 f"{name!r} in {VOCAB_FILE}: GPT-2's files cannot hold both")
-            vocab[name] = ids[own_id]
-        vocab = dict(sorted(vocab.items(), key=lambda item: item[1]))
-        pairs = [(names[a], names[b]) for (a, b), _ in self.merges]
+        vocab, pairs = self._file_vocab()
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, VOCAB_FILE), "w", encoding="utf-8") as f:
             json.dump(vocab, f, ensure_ascii=False)
@@ -844,6 +831,58 @@ class BPETokenizer:
             config.update(self._roles)
             json.dump(config, f, indent=2)
             f.write("\n")
+
+    def _file_vocab(self) -> tuple[dict[str, int], list[tuple[str, str]]]:
+        """The vocabulary (token name -> file id, in id order) and the merges as name pairs,
+        as GPT-2's files (and GGUF's) spell them."""
+        char = bytes_to_unicode()
+        names = ["".join(char[b] for b in data) for data in self._bytes[:256 + len(self.merges)]]
+        names += list(self.special_tokens)
+        ids = self.file_ids or range(len(names))
+        vocab: dict[str, int] = {}
+        for own_id, name in enumerate(names):
+            if ids[own_id] is None:
+                continue  # a byte the vocabulary lacks
+            if name in vocab:
+                raise ValueError(f"tokens {vocab[name]} and {ids[own_id]} would both be named "
+                                 f"{name!r} in {VOCAB_FILE}: GPT-2's files cannot hold both")
+            vocab[name] = ids[own_id]
+        vocab = dict(sorted(vocab.items(), key=lambda item: item[1]))
+        return vocab, [(names[a], names[b]) for (a, b), _ in self.merges]
+
+    def gguf_metadata(self) -> dict[str, object]:
+        """llama.cpp's ``tokenizer.*`` metadata keys for this tokenizer, what
+        :meth:`from_gguf_metadata` reads back into an equal tokenizer: ``tokenizer.ggml.model``
+        ``"gpt2"``, ``pre`` (``"gpt2"`` or ``"smollm"``), ``tokens`` (by id), ``token_type`` (1
+        normal, 3 control: the special tokens), ``merges``, the bos, eos, pad and unknown ids of
+        the roles, ``add_space_prefix`` and ``add_bos_token`` false, and
+        ``tokenizer.chat_template`` when there is one.
+
+        Raises ``ValueError`` for a pattern other than GPT-2's or SmolLM's, or a vocabulary
+        whose ids are not 0, 1, 2, ... (a missing byte leaves a hole GGUF cannot hold).
+        """
+        pre = {GPT2_PATTERN: "gpt2", SMOLLM_PATTERN: "smollm"}.get(self.pattern)
+        if pre is None:
+            raise ValueError("only a tokenizer with pattern=GPT2_PATTERN or SMOLLM_PATTERN can be "
+                             "written as GGUF metadata (llama.cpp knows their names)")
+        vocab, pairs = self._file_vocab()
+        if list(vocab.values()) != list(range(len(vocab))):
+            raise ValueError(f"the token ids are not 0 to {len(vocab) - 1} without holes (a byte "
+                             f"the vocabulary lacks): GGUF lists tokens by id")
+        specials = set(self.special_tokens)
+        meta: dict[str, object] = {
+            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+            "tokenizer.ggml.tokens": list(vocab),
+            "tokenizer.ggml.token_type": [3 if name in specials else 1 for name in vocab],
+            "tokenizer.ggml.merges": [f"{a} {b}" for a, b in pairs]}
+        for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                          ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+            if self._role(role) is not None:
+                meta[f"tokenizer.ggml.{key}"] = vocab[self._role(role)]
+        meta["tokenizer.ggml.add_space_prefix"] = meta["tokenizer.ggml.add_bos_token"] = False
+        if self.chat_template is not None:
+            meta["tokenizer.chat_template"] = self.chat_template
+        return meta
 
     def apply_chat_template(self, messages: Sequence[dict], *,
                             add_generation_prompt: bool = False) -> list[int]:

@@ -74,7 +74,7 @@ GGML_TYPES = {i: GGMLType(name, block, size) for i, (name, block, size) in {
 }.items()}
 _GGML_TYPE_IDS = {t.name: i for i, t in GGML_TYPES.items()}
 DEQUANTIZED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")   # what dequantize() reads
-WRITTEN = ("F32", "F16", "BF16", "Q8_0")                        # what write_gguf() stores
+WRITTEN = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")        # what write_gguf() stores
 _MAX_DIMS = 4                                                   # GGML's tensors have 1 to 4
 _MAX_NESTING = 16                                               # arrays of arrays of ...
 
@@ -358,34 +358,16 @@ def dequantize(raw: np.ndarray, ggml_type: str) -> np.ndarray:
 
 # --- writing ---------------------------------------------------------------------------------
 
-def _quantize_q8_0(values: np.ndarray) -> np.ndarray:
-    """float32 values (a multiple of 32) as Q8_0 blocks: per 32 values a float16 scale
-    ``d = max|x| / 127`` and the 32 int8 ``round(x / d)``, halves rounded away from zero, as
-    llama.cpp rounds them."""
-    blocks = values.reshape(-1, 32)
-    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(d == 0, np.float32(0), np.float32(1) / d)
-    scaled = np.abs(blocks * inverse)
-    whole = np.floor(scaled)
-    q = np.copysign(whole + (scaled - whole >= 0.5), blocks * inverse)
-    return np.concatenate([d.astype("<f2").view(np.uint8),
-                           q.astype(np.int8).view(np.uint8)], axis=1).reshape(-1)
-
-
 def _tensor_bytes(name: str, tensor: Tensor, ggml_type: str) -> np.ndarray:
-    """A tensor's bytes in ``ggml_type``, flat, in the file's order."""
-    values = tensor.detach().to("cpu").contiguous()
-    if ggml_type == "BF16":
-        return values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint8).reshape(-1)
-    if ggml_type == "F16":
-        return values.to(torch.float16).numpy().astype("<f2").view(np.uint8).reshape(-1)
-    values = values.to(torch.float32).numpy().astype("<f4")
-    if ggml_type == "F32":
-        return values.view(np.uint8).reshape(-1)
-    if not np.isfinite(values).all():
-        raise ValueError(f"tensor {name!r} holds inf or nan, which Q8_0 cannot store")
-    return _quantize_q8_0(values)
+    """A tensor's bytes in ``ggml_type``, flat, in the file's order: :func:`~minitransformer.
+    quantize.quantize_gguf`, the one quantiser of the package."""
+    from minitransformer.quantize import quantize_gguf
+
+    try:
+        data = quantize_gguf(tensor.detach().to("cpu"), ggml_type)
+    except ValueError as error:
+        raise ValueError(f"tensor {name!r}: {error}") from None
+    return data.numpy().reshape(-1)
 
 
 def _infer_type(value: object, key: str) -> str:
@@ -490,7 +472,8 @@ def write_gguf(path: str | os.PathLike, metadata: Mapping[str, object],
             never meets half a file.
         metadata: key -> value (``bool``, ``int``, ``float``, ``str`` or a list of them).
         tensors: name -> tensor, stored in its dtype (F32, F16 or BF16), or name ->
-            ``(tensor, type)`` with a type of :data:`WRITTEN` (``"Q8_0"`` quantises).
+            ``(tensor, type)`` with a type of :data:`WRITTEN` (``"Q8_0"``, ``"Q4_0"`` and
+            ``"Q4_1"`` quantise, with :func:`~minitransformer.quantize.quantize_gguf`).
         types: a key's value type as :attr:`GGUFFile.metadata_types` names it; a key left out
             gets ``bool``, ``int32`` (``int64`` when it does not fit), ``float32``, ``string``
             or ``array[...]`` of one of those.
@@ -589,6 +572,89 @@ def unpermute_rows(weight: Tensor, num_heads: int) -> Tensor:
     d_head = rows // num_heads
     return (weight.view(num_heads, d_head // 2, 2, d_model).transpose(1, 2)
             .reshape(rows, d_model))
+
+
+def permute_rows(weight: Tensor, num_heads: int) -> Tensor:
+    """What llama.cpp's converter does to a query or key weight ``(num_heads * d_head,
+    d_model)``, the inverse of :func:`unpermute_rows`: within each head, the rows of the two
+    rotate-half halves interleaved (row ``j`` of the first half, row ``j`` of the second, ...)."""
+    rows, d_model = weight.shape
+    d_head = rows // num_heads
+    return (weight.reshape(num_heads, 2, d_head // 2, d_model).transpose(1, 2)
+            .reshape(rows, d_model))
+
+
+#: ``general.file_type`` (llama.cpp's ``llama_ftype``) of a file whose matrices are of a type
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "BF16": 32}
+
+
+def save_llama(model, path: str | os.PathLike, *, type: str = "Q8_0", tokenizer=None,
+               metadata: Mapping[str, object] | None = None) -> None:
+    """Write a :class:`~minitransformer.llama.Llama` as llama.cpp's converter does: a GGUF file
+    that llama.cpp, ``transformers`` (``from_pretrained(dir, gguf_file=...)``) and
+    :meth:`Llama.from_gguf <minitransformer.llama.Llama.from_gguf>` read.
+
+    The ``llama.*`` metadata of the model's config; its tensors under llama.cpp's names
+    (:data:`LLAMA_GGUF_NAMES`), the query and key rows permuted (:func:`permute_rows`), every
+    matrix in ``type`` and the norms (1-D) in F32, as llama.cpp stores them; no
+    ``output.weight`` when the head is tied to the embedding. A ``tokenizer``
+    (:class:`~minitransformer.bpe.BPETokenizer`) adds its ``tokenizer.*`` keys
+    (:meth:`~minitransformer.bpe.BPETokenizer.gguf_metadata`); ``metadata`` adds or replaces
+    keys (``general.name``, ...).
+
+    Args:
+        type: ``"F32"``, ``"F16"``, ``"BF16"``, ``"Q8_0"``, ``"Q4_0"`` or ``"Q4_1"``.
+
+    Raises:
+        TypeError: ``model`` is not a Llama, ``tokenizer`` not a BPETokenizer.
+        ValueError: an unknown type, a quantised type for a matrix whose rows are not whole
+            blocks of 32 (naming the tensor), a tokenizer larger than the model's vocabulary.
+    """
+    from minitransformer import _checks
+    from minitransformer.bpe import BPETokenizer
+    from minitransformer.llama import Llama
+
+    _checks.check_type("model", model, Llama, "a minitransformer.llama.Llama")
+    _checks.check_choice("type", type, tuple(FILE_TYPES))
+    c = model.config
+    meta: dict[str, object] = {"general.architecture": "llama", "general.name": "minitransformer",
+                               "general.file_type": FILE_TYPES[type]}
+    types = {"general.file_type": "uint32"}
+    for key, value in (("context_length", c.context_length),
+                       ("embedding_length", c.d_model), ("block_count", c.num_layers),
+                       ("feed_forward_length", c.d_ff), ("attention.head_count", c.num_heads),
+                       ("attention.head_count_kv", c.num_kv_heads),
+                       ("rope.dimension_count", c.head_dim), ("vocab_size", c.vocab_size)):
+        meta[f"llama.{key}"], types[f"llama.{key}"] = value, "uint32"
+    for key, value in (("rope.freq_base", c.rope_theta),
+                       ("attention.layer_norm_rms_epsilon", c.norm_eps)):
+        meta[f"llama.{key}"], types[f"llama.{key}"] = float(value), "float32"
+    if type in ("Q8_0", "Q4_0", "Q4_1"):
+        meta["general.quantization_version"], types["general.quantization_version"] = 2, "uint32"
+    if tokenizer is not None:
+        _checks.check_type("tokenizer", tokenizer, BPETokenizer, "a BPETokenizer or None")
+        if len(tokenizer) > c.vocab_size:
+            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens, more than the model's "
+                             f"vocabulary of {c.vocab_size}")
+        tokens = tokenizer.gguf_metadata()
+        meta.update(tokens)
+        types.update({k: "uint32" for k in tokens if k.endswith("_token_id")})
+    if metadata is not None:
+        _checks.check_type("metadata", metadata, Mapping, "a dict or None")
+        meta.update(metadata)
+    rows = [row for row in LLAMA_GGUF_NAMES
+            if not (row.ours == "head.weight" and c.tie_embeddings)]
+    layer = [row for row in rows if "{i}" in row.ours]
+    order = ([(rows[0], 0)] + [(row, i) for i in range(c.num_layers) for row in layer]
+             + [(row, 0) for row in rows[1:] if row not in layer])     # converter's order
+    state = model.state_dict()
+    tensors: dict[str, tuple[Tensor, str]] = {}
+    for row, i in order:
+        tensor = state[row.ours.format(i=i)].detach().to("cpu", torch.float32)
+        if row.unpermute is not None:
+            tensor = permute_rows(tensor, getattr(c, row.unpermute))
+        tensors[row.theirs.format(i=i)] = (tensor, "F32" if tensor.dim() == 1 else type)
+    write_gguf(path, meta, tensors, types=types)
 
 
 def llama_config(file: GGUFFile):

@@ -316,7 +316,7 @@ def test_writer_refusals(tmp_path):
         write_gguf(path, {}, {"w": torch.ones(3, dtype=torch.int64)})
     with pytest.raises(ValueError, match="power of two"):
         write_gguf(path, {}, {}, alignment=24)
-    with pytest.raises(ValueError, match="inf or nan"):
+    with pytest.raises(ValueError, match="NaN or inf"):
         write_gguf(path, {}, {"w": (torch.full((32,), float("inf")), "Q8_0")})
     assert not path.exists() and not list(tmp_path.iterdir())   # nothing half written
 

@@ -24,6 +24,7 @@ from minitransformer.cli import (
     train,
 )
 from minitransformer.cli import eval as evaluate
+from minitransformer.cli import quantize
 from minitransformer.cli.common import PROG, CommandLineError, Parser, is_rank_zero
 
 __all__ = ["CommandLineError", "build_parser", "main"]
@@ -38,6 +39,7 @@ COMMANDS = (
     ("chat", chat, "talk with a fine-tuned model, or SmolLM2 (the default)"),
     ("serve", serve, "serve a model over HTTP, as OpenAI's API (chapter 18)"),
     ("eval", evaluate, "score a model on HellaSwag, MMLU, GSM8K or a text (chapter 20)"),
+    ("quantize", quantize, "a Llama as a GGUF file in 8 or 4 bits, for llama.cpp (chapter 19)"),
     ("convert", convert, "pytorch_model.bin -> model.safetensors"),
     ("download", download, "download a pretrained model into the cache"),
 )

@@ -56,6 +56,14 @@ def test_a_missing_model_directory_is_refused(capsys, tmp_path):
     assert "--model" in refused(capsys, "--model", tmp_path / "nowhere")
 
 
+def test_no_model_serves_smollm2_and_says_how_to_get_it_when_it_is_missing(
+        capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINITRANSFORMER_CACHE", str(tmp_path))
+    err = refused(capsys, "--port", 0)
+    assert "no --model given, and the default model is not here" in err
+    assert "download smollm2" in err
+
+
 def test_a_directory_without_a_model_is_refused(capsys, tmp_path):
     assert refused(capsys, "--model", tmp_path, "--port", 0)
 

@@ -43,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pip install 'minitransformer[serve]'. SIGTERM or Ctrl+C finishes the answers in "
         "flight and exits.")
     add = parser.add_argument
-    add("--model", metavar="DIR|FILE.gguf", required=True, help="a directory written by train "
-        "or finetune, or a model's .gguf file (the chat endpoint needs a chat format)")
+    add("--model", metavar="DIR|FILE.gguf", help="a directory written by train or finetune, or "
+        "a model's .gguf file (the chat endpoint needs a chat format); default: SmolLM2 from "
+        "the cache (python -m minitransformer download smollm2)")
     add("--name", help="the model's id in the API (default: the directory's name)")
     add("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
         "this machine only)")
@@ -71,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model is None:                       # the default model, as chat and generate
+        from minitransformer import pretrained
+        try:
+            args.model = str(pretrained.smollm2_path())
+        except FileNotFoundError as exc:
+            raise CommandLineError(f"no --model given, and the default model is not here: "
+                                   f"{exc}") from None
     folder = Path(args.model)
     if not folder.is_dir() and not (folder.is_file() and folder.suffix == ".gguf"):
         raise CommandLineError(f"--model {args.model}: no such directory or .gguf file")

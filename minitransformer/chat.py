@@ -85,7 +85,7 @@ def encode_chat(tokenizer: object, messages: Sequence[Mapping[str, str]], *,
             :data:`CHAT_TOKENS`) or a model's.
         messages: ``{"role": ..., "content": ...}`` dicts, at least one.
         add_generation_prompt: end with the start of the assistant's turn (``<|assistant|>``;
-            ``<|im_start|>assistant\n`` for SmolLM2), for the model to answer.
+            ``<|im_start|>assistant`` and a line break for SmolLM2), for the model to answer.
 
     Raises:
         TypeError: a tokenizer that is not one, messages that are not a list of dicts, a

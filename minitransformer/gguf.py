@@ -164,7 +164,7 @@ class GGUFFile:
             ``list`` (of those, or of lists), in the file's order.
         metadata_types: each key's value type as the specification names it: ``"uint32"``,
             ``"string"``, ``"array[string]"``, ``"array[array[int32]]"``.
-        tensors: each tensor's :class:`GGUFTensor`, in the file's order.
+        tensors: each tensor's ``GGUFTensor``, in the file's order.
 
     Raises:
         TypeError: ``path`` is not a str or path.
@@ -472,7 +472,7 @@ def write_gguf(path: str | os.PathLike, metadata: Mapping[str, object],
             never meets half a file.
         metadata: key -> value (``bool``, ``int``, ``float``, ``str`` or a list of them).
         tensors: name -> tensor, stored in its dtype (F32, F16 or BF16), or name ->
-            ``(tensor, type)`` with a type of :data:`WRITTEN` (``"Q8_0"``, ``"Q4_0"`` and
+            ``(tensor, type)`` with a type of ``WRITTEN`` (``"Q8_0"``, ``"Q4_0"`` and
             ``"Q4_1"`` quantise, with :func:`~minitransformer.quantize.quantize_gguf`).
         types: a key's value type as :attr:`GGUFFile.metadata_types` names it; a key left out
             gets ``bool``, ``int32`` (``int64`` when it does not fit), ``float32``, ``string``
@@ -595,7 +595,7 @@ def save_llama(model, path: str | os.PathLike, *, type: str = "Q8_0", tokenizer=
     :meth:`Llama.from_gguf <minitransformer.llama.Llama.from_gguf>` read.
 
     The ``llama.*`` metadata of the model's config; its tensors under llama.cpp's names
-    (:data:`LLAMA_GGUF_NAMES`), the query and key rows permuted (:func:`permute_rows`), every
+    (``LLAMA_GGUF_NAMES``), the query and key rows permuted (``permute_rows``), every
     matrix in ``type`` and the norms (1-D) in F32, as llama.cpp stores them; no
     ``output.weight`` when the head is tied to the embedding. A ``tokenizer``
     (:class:`~minitransformer.bpe.BPETokenizer`) adds its ``tokenizer.*`` keys

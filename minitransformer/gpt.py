@@ -343,7 +343,7 @@ class GPT(nn.Module):
 
         At one token per row, each linear layer is a matrix-vector product, whose speed is the
         memory's, and ``F.linear`` of one row on the CPU reads the weights well below it. This
-        step multiplies each large weight matrix through :mod:`minitransformer.fast_decode`'s
+        step multiplies each large weight matrix through ``minitransformer.fast_decode``'s
         blocks of rows instead (views of the weight itself, no copy), which the threads share;
         smaller matrices, and other dtypes (bfloat16) and devices, keep ``F.linear``, and the
         step still saves Python's time per layer. The blocks change the order of the

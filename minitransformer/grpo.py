@@ -379,7 +379,7 @@ class GRPO(nn.Module):
     :class:`~minitransformer.training.TrainingLoop` trains it as it trains SFT and DPO.
     :meth:`rollout` samples and scores a round of replies. ``ref_model``, if given, is only
     read (under ``torch.no_grad``). ``metrics`` holds the last forward's ``loss``,
-    ``clip_fraction`` and (with ``ref_model``) ``kl``. Dropout stays off, as in :class:`DPO`
+    ``clip_fraction`` and (with ``ref_model``) ``kl``. Dropout stays off, as in :class:`~minitransformer.preferences.DPO`
     and TRL."""
 
     def __init__(self, policy: nn.Module, ref_model: nn.Module | None = None, *,
@@ -651,7 +651,7 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
     updates is one of its steps), as SFT and DPO are trained.
 
     By default the rate is constant and the gradient is not clipped; ``schedule`` (a name in
-    :data:`~minitransformer.training.SCHEDULES`, with ``warmup_steps``) and ``max_grad_norm``
+    ``training.SCHEDULES``, with ``warmup_steps``) and ``max_grad_norm``
     turn them on, as TRL's ``GRPOTrainer`` has them.
 
     With ``eval_rows``, every ``eval_every`` steps (and before the first and after the last)

@@ -90,7 +90,7 @@ def prepare(paths: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str
 
     A learned tokenizer can have fewer tokens than ``vocab_size``: when no pair of the sample
     is left to merge. ``prepare`` then warns (``UserWarning``) and the index records the real
-    count. ``index.json`` records the tokenizer files' SHA-256 (:func:`tokenizer_sha256`),
+    count. ``index.json`` records the tokenizer files' SHA-256 (``tokenizer_sha256``),
     which :class:`TokenFiles` checks: files swapped for another tokenizer's are refused.
 
     Raises ``ValueError`` naming the file and byte offset for text that is not UTF-8, and for

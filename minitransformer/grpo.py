@@ -379,8 +379,8 @@ class GRPO(nn.Module):
     :class:`~minitransformer.training.TrainingLoop` trains it as it trains SFT and DPO.
     :meth:`rollout` samples and scores a round of replies. ``ref_model``, if given, is only
     read (under ``torch.no_grad``). ``metrics`` holds the last forward's ``loss``,
-    ``clip_fraction`` and (with ``ref_model``) ``kl``. Dropout stays off, as in :class:`~minitransformer.preferences.DPO`
-    and TRL."""
+    ``clip_fraction`` and (with ``ref_model``) ``kl``. Dropout stays off, as in
+    :class:`~minitransformer.preferences.DPO` and TRL."""
 
     def __init__(self, policy: nn.Module, ref_model: nn.Module | None = None, *,
                  beta: float = 0.0, epsilon: float = 0.2, loss_type: str = "grpo",

@@ -361,8 +361,8 @@ class BPETokenizer:
 
     @property
     def chat_template(self) -> str | None:
-        """The model's Jinja chat template (a str): the one given, else the course's own for
-        a tokenizer that holds ``chat.CHAT_TOKENS``, else ``None``."""
+        """The model's Jinja chat template, a str. It is the one given, else the course's own
+        for a tokenizer that holds ``chat.CHAT_TOKENS``, else ``None``."""
         if self._chat_template is not None:
             return self._chat_template
         if chat.has_chat_tokens(self.special_tokens):

@@ -539,7 +539,7 @@ class Llama(nn.Module):
                               ) -> Callable[[Tensor, KVCache], Tensor]:
         """:meth:`make_decode_step`'s step, faster where a batch writes one token per row, as
         :meth:`GPT.make_fast_decode_step <minitransformer.gpt.GPT.make_fast_decode_step>` is
-        for a GPT (read its notes): the same kernels (:mod:`minitransformer.fast_decode`), the
+        for a GPT (read its notes): the same kernels (``minitransformer.fast_decode``), the
         same contract. Its logits equal :meth:`forward`'s up to float rounding, no longer bit
         for bit; a prefill (several new tokens per row) is :meth:`make_decode_step`'s step,
         bit for bit, unless ``pack_weights``; a model the shortcut cannot follow gets

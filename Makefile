@@ -41,7 +41,8 @@ LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP := $(or $(MINITRANSFORMER_CACHE),$(HOME)/.cache/minitransformer)/llama-cpp-python-$(LLAMA_CPP_VERSION)
 $(LLAMA_CPP): | $(STAMP)
 	rm -rf $(LLAMA_CPP).partial
-	$(BIN)/python -m pip install --quiet --no-deps --target $(LLAMA_CPP).partial llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(BIN)/python -m pip install --quiet --no-deps --target $(LLAMA_CPP).partial \
+		llama-cpp-python==$(LLAMA_CPP_VERSION) diskcache
 	mv $(LLAMA_CPP).partial $(LLAMA_CPP)
 llama-cpp: $(LLAMA_CPP)
 

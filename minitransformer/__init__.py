@@ -21,6 +21,9 @@ The rest a chapter imports from the module that defines it, and says so in its i
   :mod:`minitransformer.checkpoints`, :mod:`minitransformer.cli`, and chapters 16-18's
   :mod:`minitransformer.chat`, :mod:`minitransformer.sft`, :mod:`minitransformer.lora`,
   :mod:`minitransformer.grpo`;
+* the real model of chapters 14 and 19: :mod:`minitransformer.gguf` (the file),
+  :mod:`minitransformer.quantize`, :mod:`minitransformer.llama` and
+  :mod:`minitransformer.generation` (``stream_tokens``, ``SamplingParams``);
 * each chapter's exercise checks: ``minitransformer.exercises.chapterNN``.
 
 ``tests/test_package_exports.py`` holds the notebooks to this.

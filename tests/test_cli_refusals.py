@@ -155,7 +155,7 @@ def test_every_command_declares_its_flags_in_its_own_module():
 
     names = [name for name, _, _ in COMMANDS]
     assert names == ["prepare", "train", "generate", "finetune", "dpo", "chat", "serve",
-                     "convert", "download"]
+                     "eval", "quantize", "convert", "download"]
     for name, module, _ in COMMANDS:
         assert callable(module.add_arguments) and callable(module.run), name
     status, stdout, _ = run("--help")

@@ -18,6 +18,12 @@ library, packs a matrix into for its products (a serving engine's choice, ``pack
 products of ``PACKED_MIN_ROWS`` rows or more read it. :class:`RowProducts` picks the way for
 each product of a step.
 
+Whether the blocks pay depends on the CPU and its BLAS: on one of the course's machines a
+one-row ``gemv`` ran on one thread and the blocks doubled GPT-2 small's decoding speed; on
+another, ``gemv`` itself read SmolLM2's matrices at 50-70 GB/s and the blocks were 2-4x
+slower. So the first product of each shape times both ways, a few calls each, and keeps the
+faster (:func:`blocks_pay`, ``FAST_CHOICE``); the choice is remembered for the process.
+
 The thresholds were measured on the course's CPU (2 threads); the figures are in the
 docstrings of ``benchmarks/decode_vs_transformers.py`` and ``benchmarks/packed_weights.py``,
 which time each way.
@@ -25,6 +31,8 @@ which time each way.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Iterable
 
 import torch
@@ -48,6 +56,11 @@ FAST_LARGE_FEW_ROWS = 4
 PACKED_MIN_ROWS = 3
 # the batch size oneDNN is told when it packs (its layout's hint)
 PACKED_ROWS_HINT = 16
+# "measure": each shape's first product times row_product against F.linear and keeps the
+# faster (blocks_pay); "blocks" or "linear" always takes that way (tests, benchmarks)
+FAST_CHOICE = "measure"
+# the blocks must take at most this fraction of F.linear's time to be chosen
+FAST_MARGIN = 0.8
 # (the measurements behind each number: benchmarks/decode_vs_transformers.py and
 # benchmarks/packed_weights.py, in their docstrings)
 
@@ -134,6 +147,42 @@ def row_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
     return torch.cat([y, rest], dim=1)                                     # (B, out)
 
 
+_CHOSEN: dict[tuple, bool] = {}
+
+
+def blocks_pay(x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`row_product` is faster than ``F.linear`` for rows like ``x`` and this
+    weight's shape, on this machine at this number of threads: ``FAST_CHOICE`` ``"blocks"``
+    or ``"linear"`` decides; ``"measure"`` (the default) times both ways the first time a
+    shape is met (two warm-up calls and five alternating timed calls each, the medians
+    compared; the blocks must take at most ``FAST_MARGIN`` of ``F.linear``'s time) and
+    remembers the answer. Either way the product is the same up to float rounding."""
+    if FAST_CHOICE != "measure":
+        return FAST_CHOICE == "blocks"
+    out, width = weight.shape
+    if out * width < FAST_MIN_NUMEL or out // FAST_PIECES == 0:
+        return False                                     # row_product is F.linear there
+    rows = x.shape[0]
+    key = (out, width, weight.dtype, weight.device.type, min(rows, 2 * FAST_LARGE_FEW_ROWS),
+           torch.get_num_threads())
+    if key not in _CHOSEN:
+        with torch.no_grad():
+            probe = torch.zeros_like(x)
+            ways = {"blocks": lambda: row_product(probe, weight),
+                    "linear": lambda: F.linear(probe, weight)}
+            times: dict[str, list[float]] = {"blocks": [], "linear": []}
+            for way in ways.values():
+                way(), way()                             # warm-up
+            for _ in range(5):
+                for name, way in ways.items():
+                    start = time.perf_counter()
+                    way()
+                    times[name].append(time.perf_counter() - start)
+        _CHOSEN[key] = (statistics.median(times["blocks"])
+                        <= FAST_MARGIN * statistics.median(times["linear"]))
+    return _CHOSEN[key]
+
+
 class RowProducts:
     """The linear products of one fast decode step: ``F.linear(x, weight, bias)`` for rows
     ``x`` ``(N, in)``, each the fastest way :func:`row_product`, a :class:`PackedWeight` or
@@ -162,9 +211,12 @@ class RowProducts:
                  packed: bool, blockwise: bool) -> Tensor:
         """``F.linear(x, weight, bias)`` up to rounding: through the packed copy for
         ``PACKED_MIN_ROWS`` rows or more when ``packed``, else through :func:`row_product` when
-        ``blockwise`` (:func:`pieces_pay`), else ``F.linear``."""
+        ``blockwise`` (:func:`pieces_pay`) and :func:`blocks_pay` finds it faster, else
+        ``F.linear``."""
         if packed and x.shape[0] >= PACKED_MIN_ROWS:
             out = self.packs[id(weight)](x, bias)
             if out is not None:
                 return out
-        return row_product(x, weight, bias) if blockwise else F.linear(x, weight, bias)
+        if blockwise and blocks_pay(x, weight):
+            return row_product(x, weight, bias)
+        return F.linear(x, weight, bias)

@@ -59,8 +59,11 @@ CONFIGS = {
 @pytest.fixture(autouse=True)
 def blocks_for_every_size(monkeypatch):
     """The test models are small, so that their matrices would go through F.linear (see
-    test_which_products_go_through_blocks): here every matrix is cut into blocks."""
+    test_which_products_go_through_blocks): here every matrix is cut into blocks, whichever
+    way is faster on this machine (FAST_CHOICE "blocks"; blocks_pay's measuring is tested
+    on its own)."""
     monkeypatch.setattr(fast_module, "FAST_MIN_NUMEL", 0)
+    monkeypatch.setattr(fast_module, "FAST_CHOICE", "blocks")
 
 
 def model_of(name: str, *, dtype: torch.dtype | None = None) -> GPT | Llama:
@@ -522,3 +525,56 @@ def test_the_engine_runs_a_llama_through_the_fast_step(monkeypatch, pack_weights
         expected = generate(model, torch.tensor([prompt]), 8, temperature=0)[0, 6:].tolist()
         assert completion.token_ids == expected
     assert blocks and bool(packed) == pack_weights
+
+
+def test_blocks_pay_measures_each_shape_once_and_keeps_the_faster(monkeypatch):
+    """FAST_CHOICE "measure": the first product of a shape times row_product against F.linear
+    and the faster way is remembered; a slowed-down row_product is not chosen, a sped-up one
+    is; "blocks" and "linear" decide without timing."""
+    import time as time_module
+
+    monkeypatch.setattr(fast_module, "FAST_CHOICE", "measure")
+    monkeypatch.setattr(fast_module, "_CHOSEN", {})
+    x, weight = torch.randn(1, 64), torch.randn(256, 64)
+    real = fast_module.row_product
+    calls = []
+
+    def slow(*args):
+        calls.append(1)
+        time_module.sleep(0.002)
+        return real(*args)
+
+    monkeypatch.setattr(fast_module, "row_product", slow)
+    assert fast_module.blocks_pay(x, weight) is False
+    measured = len(calls)
+    assert measured >= 5                                   # timed, warm-ups included
+    assert fast_module.blocks_pay(x, weight) is False and len(calls) == measured  # remembered
+    linear = F.linear
+    monkeypatch.setattr(fast_module.F, "linear",
+                        lambda *args: time_module.sleep(0.002) or linear(*args))
+    monkeypatch.setattr(fast_module, "row_product", real)
+    assert fast_module.blocks_pay(torch.randn(1, 32), torch.randn(512, 32)) is True
+    monkeypatch.setattr(fast_module.F, "linear", linear)
+    monkeypatch.setattr(fast_module, "FAST_CHOICE", "linear")
+    assert fast_module.blocks_pay(x, weight) is False
+    monkeypatch.setattr(fast_module, "FAST_CHOICE", "blocks")
+    assert fast_module.blocks_pay(x, weight) is True
+    monkeypatch.setattr(fast_module, "FAST_CHOICE", "measure")   # too small to cut: F.linear
+    monkeypatch.setattr(fast_module, "FAST_MIN_NUMEL", 2 ** 18)
+    assert fast_module.blocks_pay(x, weight) is False
+
+
+def test_the_fast_step_goes_through_f_linear_where_blocks_do_not_pay(monkeypatch):
+    """With FAST_CHOICE "linear" the fast step never calls row_product, and its tokens are
+    still generate's."""
+    monkeypatch.setattr(fast_module, "FAST_CHOICE", "linear")
+    blocks = []
+    real = fast_module.row_product
+    monkeypatch.setattr(fast_module, "row_product",
+                        lambda *args: blocks.append(1) or real(*args))
+    for name in ("odd", "llama-like"):
+        model = model_of(name)
+        idx = prompt_of(model.config, rows=1, length=5)
+        fast = generate(model, idx, 6, temperature=0)
+        assert torch.equal(fast, generate(model, idx, 6, temperature=0, fast=False))
+    assert blocks == []

@@ -117,6 +117,7 @@ def test_a_gpt_runs_through_the_fast_step(monkeypatch, pack_weights):
     import minitransformer.fast_decode as fast_module
 
     monkeypatch.setattr(fast_module, "FAST_MIN_NUMEL", 0)
+    monkeypatch.setattr(fast_module, "FAST_CHOICE", "blocks")   # whichever is faster here
     calls = {"blocks": 0, "packed": 0}
     row_product, packed_call = fast_module.row_product, fast_module.PackedWeight.__call__
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -367,10 +368,17 @@ class Rollout:
 
     def stats(self) -> dict[str, float]:
         """The mean reward, the mean spread of the rewards within a group and the mean reply
-        length."""
-        return {"reward": self.rewards.mean().item(),
-                "reward_std": self.rewards.view(-1, self.group_size).std(dim=1).mean().item(),
-                "length": sum(map(len, self.completions)) / len(self.completions)}
+        length; and, where a reward returned None, how many replies it could not score (left
+        out of the means)."""
+        unscored = int(torch.isnan(self.rewards).sum())
+        groups = self.rewards.view(-1, self.group_size)
+        stats = {"reward": self.rewards.nanmean().item(),
+                 "reward_std": (_nan_std(groups) if unscored else groups.std(dim=1, keepdim=True)
+                                ).nanmean().item(),
+                 "length": sum(map(len, self.completions)) / len(self.completions)}
+        if unscored:
+            stats["unscored"] = unscored
+        return stats
 
 
 class GRPO(nn.Module):
@@ -475,10 +483,11 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     (:class:`GRPO`'s :meth:`~GRPO.rollout` and forward).
 
     ``reward(completions)`` gets the ``B * G`` completions' token ids (group after group) and
-    returns one number each. ``advantage`` says how rewards become advantages: ``"group"``
-    (GRPO), ``"group_mean"`` (the group's mean subtracted, not divided by its spread),
-    ``"batch"`` (normalised over the whole batch instead of each group) or ``"raw"`` (the
-    rewards themselves), to show what the group does.
+    returns one number each, or None for one it cannot score (TRL's convention: it is left out
+    of its group's mean and spread, and its advantage is 0). ``advantage`` says how rewards
+    become advantages: ``"group"`` (GRPO), ``"group_mean"`` (the group's mean subtracted, not
+    divided by its spread), ``"batch"`` (normalised over the whole batch instead of each
+    group) or ``"raw"`` (the rewards themselves), to show what the group does.
 
     With ``ref_model``, the KL estimate to it is measured (``"kl"``), and with ``beta > 0``
     it is in the loss too.
@@ -519,6 +528,8 @@ def _round_stats(first_loss: float, rollout: Rollout, metrics: dict[str, float]
 
 
 def _rewards(values: object, count: int, model: nn.Module) -> Tensor:
+    """The rewards as a float32 tensor; None (a completion the reward cannot score, TRL's
+    convention) becomes NaN, which :func:`_advantages` leaves out."""
     device = next(iter(model.parameters())).device
     if isinstance(values, Tensor):
         values = values.detach().reshape(-1).tolist()
@@ -528,19 +539,49 @@ def _rewards(values: object, count: int, model: nn.Module) -> Tensor:
     if len(values) != count:
         raise ValueError(f"reward returned {len(values)} numbers for {count} completions")
     for i, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"reward returned {_checks._type_name(value)} ({value!r}) at "
                             f"index {i}: a reward is a number")
-    return torch.tensor([float(v) for v in values], dtype=torch.float32, device=device)
+        if not math.isfinite(value):
+            raise ValueError(f"rewards[{i}] is {value}: every reward must be a finite number "
+                             f"(None marks a completion that cannot be scored)")
+    return torch.tensor([math.nan if v is None else float(v) for v in values],
+                        dtype=torch.float32, device=device)
 
 
 def _advantages(rewards: Tensor, group_size: int, advantage: str) -> Tensor:
+    if torch.isnan(rewards).any():
+        return _advantages_scored(rewards, group_size, advantage)
     if advantage in ("group", "group_mean"):
         return group_advantages(rewards, group_size, normalize=advantage == "group")
     _check_rewards(rewards, group_size)
     if advantage == "batch":
         return (rewards - rewards.mean()) / (rewards.std() + 1e-4)
     return rewards
+
+
+def _advantages_scored(rewards: Tensor, group_size: int, advantage: str) -> Tensor:
+    """:func:`_advantages` where some rewards are NaN (None: unscorable), as TRL: the means
+    and spreads are of the scored rewards only, and an unscorable completion's advantage is 0
+    (so is a scored one alone in its group, whose spread is undefined)."""
+    _check_rewards(torch.nan_to_num(rewards), group_size)
+    if advantage == "raw":
+        return torch.nan_to_num(rewards, nan=0.0)
+    rows = rewards.view(-1, group_size) if advantage != "batch" else rewards.view(1, -1)
+    centred = rows - rows.nanmean(dim=1, keepdim=True)
+    if advantage != "group_mean":
+        centred = centred / (_nan_std(rows) + 1e-4)
+    return torch.nan_to_num(centred.reshape(-1), nan=0.0)
+
+
+def _nan_std(rows: Tensor) -> Tensor:
+    """Each row's sample standard deviation, NaN left out (TRL's ``nanstd``); NaN for a row
+    with fewer than two numbers."""
+    count = (~torch.isnan(rows)).sum(dim=1, keepdim=True)
+    squares = ((rows - rows.nanmean(dim=1, keepdim=True)) ** 2).nansum(dim=1, keepdim=True)
+    return (squares / (count - 1)).sqrt()
 
 
 def chat_prompts(tokenizer: object, rows: Sequence[Mapping[str, object]]) -> list[list[int]]:

@@ -421,3 +421,40 @@ def test_a_lora_rank_above_the_model_width_is_refused_in_one_line(gpt_base, data
     assert status == 2 and stdout == "" and len(stderr.strip().splitlines()) == 1
     assert "--lora-rank 10000: r=10000 is more than the smaller side of" in stderr
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_checkpoint_of_the_settings_as_a_dict_resumes(gpt_base, data, tmp_path,
+                                                       monkeypatch):
+    """Checkpoints written before the settings were a dataclass (issue 40) saved a run
+    without LoRA with no lora_alpha and lora_targets: they resume, and equal the run never
+    stopped; a key no version wrote is refused."""
+    flags = ["--model", gpt_base, "--data", data / "pairs.jsonl", *QUICK]
+    straight = tmp_path / "straight"
+    assert run("dpo", "--out", straight, *flags)[0] == 0
+    out = tmp_path / "old"
+    save = dpo_command.save_checkpoint
+
+    def save_then_stop(out, loop, *args, **kwargs):
+        save(out, loop, *args, **kwargs)
+        if loop.step == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(dpo_command, "save_checkpoint", save_then_stop)
+    assert run("dpo", "--out", out, *flags, "--save-every", "3")[0] == 130
+    monkeypatch.setattr(dpo_command, "save_checkpoint", save)
+    path = out / "ckpt-3" / "training_state.json"
+    state = json.loads(path.read_text())
+    state["args"] = {k: v for k, v in state["args"].items()
+                     if k not in ("lora_alpha", "lora_targets")}
+    assert set(state["args"]) == {"model", "data", "steps", "batch_size", "lr", "seed", "beta",
+                                  "lora_rank", "warmup_steps"}
+    path.write_text(json.dumps(state))
+    wrong = {**state, "args": {**state["args"], "other": 1}}
+    path.write_text(json.dumps(wrong))
+    status, _, stderr = run("dpo", "--out", out, *flags, "--resume")
+    assert status == 2 and "is not what dpo writes" in stderr, stderr
+    path.write_text(json.dumps(state))
+    status, stdout, stderr = run("dpo", "--out", out, *flags, "--resume")
+    assert status == 0, stderr
+    assert "resuming from step 3" in stdout
+    assert equal(tensors(out / "model.safetensors"), tensors(straight / "model.safetensors"))

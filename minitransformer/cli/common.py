@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -502,26 +503,26 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_chat_model(s: dict, device: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
+def load_chat_model(path: str, device: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
     """The model and tokenizer of ``--model``, refused by name without the chat format."""
     from minitransformer.bpe import BPETokenizer
     from minitransformer.lora import ADAPTER_CONFIG_FILE
 
-    folder = Path(s["model"])
+    folder = Path(path)
     if not folder.is_dir():
-        raise CommandLineError(f"--model {s['model']}: no such directory")
+        raise CommandLineError(f"--model {path}: no such directory")
     if (folder / ADAPTER_CONFIG_FILE).is_file() and not (folder / "config.json").is_file():
-        raise CommandLineError(f"--model {s['model']} is a LoRA adapter, not a model: "
+        raise CommandLineError(f"--model {path} is a LoRA adapter, not a model: "
                                f"start from its merged model ({folder / 'merged'}, written by "
                                f"--merge) or its base model")
     if not (folder / "config.json").is_file():
-        raise CommandLineError(f"--model {s['model']} is not a model directory: it has no "
+        raise CommandLineError(f"--model {path} is not a model directory: it has no "
                                f"config.json (train, finetune and dpo write one)")
     tokenizer = BPETokenizer.from_pretrained(folder)
-    specials = chat_tokens_of(tokenizer, s["model"])
+    specials = chat_tokens_of(tokenizer, path)
     model = model_class(folder).from_pretrained(folder, device=device)
     if max(specials.values()) >= model.config.vocab_size:
-        raise CommandLineError(f"--model {s['model']}: its tokenizer's ids reach "
+        raise CommandLineError(f"--model {path}: its tokenizer's ids reach "
                                f"{max(specials.values())}, beyond the model's vocabulary of "
                                f"{model.config.vocab_size}")
     return model, tokenizer
@@ -546,6 +547,71 @@ def read_json_lines(path: str) -> tuple[list[tuple[int, object]], str]:
             raise CommandLineError(f"--data {path}:{n} is not JSON this program reads: it is "
                                    f"nested too deeply") from None
     return records, digest
+
+
+@dataclass
+class TuneSettings:
+    """The flags that decide a run of ``finetune``, ``dpo`` or ``grpo`` (each command's
+    ``Settings`` adds its own and its defaults): a new run's from the command line, else the
+    defaults; a resumed run's from its checkpoint, where they are saved as ``args``. The LoRA
+    fields are None without ``--lora-rank``; ``lora_alpha`` and ``lora_targets`` are filled in
+    (alpha = rank, the model's default layers) when the run begins."""
+
+    model: str
+    data: str
+    steps: int = 100
+    batch_size: int = 8
+    lr: float = 1e-3
+    seed: int = 0
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: list[str] | None = None
+    warmup_steps: int | None = None     # None: a tenth of the run, 1 to 100 steps
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps is None:
+            self.warmup_steps = max(1, min(100, self.steps // 10))
+
+
+#: TuneSettings' fields that are no flag with a default of its own (not in --help's defaults)
+_NOT_DEFAULTS = ("model", "data", "lora_rank", "lora_alpha", "lora_targets", "warmup_steps")
+
+
+def settings_defaults(settings: type[TuneSettings]) -> dict:
+    """What a new run of a command with these ``settings`` uses for a flag not given: its
+    ``--help`` epilog (:func:`defaults_epilog`)."""
+    return {f.name: f.default for f in fields(settings) if f.name not in _NOT_DEFAULTS}
+
+
+def tune_settings(settings: type[TuneSettings], command: str, args: argparse.Namespace,
+                  out: Path, check_state, *, write: bool = True,
+                  check_values=None) -> tuple[TuneSettings, dict | None]:
+    """The run's ``settings`` and, with ``--resume``, the checkpoint to continue
+    (:func:`resumed_run`): ``(settings, resumed)``. A new run needs ``--model`` and ``--data``
+    (made absolute), has its flags checked by ``check_values(given)`` and a new ``--out``
+    (:func:`check_new_out`, files removed only where ``write``)."""
+    given = {f.name: getattr(args, f.name) for f in fields(settings)
+             if getattr(args, f.name, None) is not None}
+    for key in ("model", "data"):
+        if key in given:
+            given[key] = os.path.abspath(given[key])
+    if not args.resume:
+        for key in ("model", "data"):
+            if key not in given:
+                raise CommandLineError(f"{command} needs --{key}")
+        if check_values is not None:
+            check_values(given)
+        check_new_out(out, write=write)
+        return settings(**given), None
+
+    def check(state: dict, path: Path) -> None:
+        check_state(state, path)
+        names = {f.name for f in fields(settings)}
+        if not set(state["args"]) <= names or not {"model", "data"} <= set(state["args"]):
+            raise CommandLineError(f"{path} is not what {command} writes (edited or damaged?)")
+
+    saved, resumed = resumed_run(out, given, check)
+    return settings(**saved), resumed
 
 
 def resumed_run(out: Path, given: dict, check_state) -> tuple[dict, dict]:

@@ -19,6 +19,7 @@ import copy
 import math
 import os
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -28,12 +29,12 @@ from minitransformer import checkpoints
 from minitransformer.cli.common import (
     CommandLineError,
     Processes,
+    TuneSettings,
     add_checkpoint_flags,
     add_lora_flags,
     add_model_flags,
     add_schedule_flags,
     check_lora_flags,
-    check_new_out,
     defaults_epilog,
     file_sha256,
     in_processes,
@@ -41,9 +42,10 @@ from minitransformer.cli.common import (
     number,
     read_json_lines,
     restore_checkpoint,
-    resumed_run,
     save_checkpoint,
     set_threads,
+    settings_defaults,
+    tune_settings,
 )
 from minitransformer.cli.finetune import LORA_TARGETS, _add_lora, _write_merged
 from minitransformer.lora import (
@@ -60,10 +62,18 @@ from minitransformer.preferences import (
 )
 from minitransformer.training import BAR_FORMAT, TrainingLoop, make_optimizer
 
-#: What a new run uses for a flag that is not given (beta: TRL's default).
-DEFAULTS = {"steps": 100, "batch_size": 8, "lr": 1e-4, "seed": 0, "beta": 0.1}
-#: Flags that decide the run: on --resume they come from the checkpoint.
-RUN_FLAGS = ("model", "data", *DEFAULTS, "lora_rank", "lora_alpha", "lora_targets")
+
+@dataclass
+class Settings(TuneSettings):
+    """The flags that decide a ``dpo`` run: :class:`~minitransformer.cli.common.TuneSettings`'s
+    and beta (TRL's default)."""
+
+    lr: float = 1e-4
+    beta: float = 0.1
+
+
+#: What a new run uses for a flag that is not given.
+DEFAULTS = settings_defaults(Settings)
 #: The LoRA matrices' names in the checkpoint's training state.
 LORA_PREFIX = "lora."
 
@@ -96,22 +106,9 @@ def run(args: argparse.Namespace) -> int:
     return in_processes(_run, args)
 
 
-def _settings(args: argparse.Namespace, out: Path) -> tuple[dict, dict | None]:
+def _settings(args: argparse.Namespace, out: Path) -> tuple[Settings, dict | None]:
     """The run's flags and, with --resume, the checkpoint to continue (as ``finetune``)."""
-    given = {k: getattr(args, k) for k in RUN_FLAGS if getattr(args, k) is not None}
-    for key in ("model", "data"):
-        if key in given:
-            given[key] = os.path.abspath(given[key])
-    if not args.resume:
-        for key in ("model", "data"):
-            if key not in given:
-                raise CommandLineError(f"dpo needs --{key}")
-        _check_values(given)
-        check_new_out(out, write=True)
-        settings = {**DEFAULTS, "lora_rank": None, **given}
-        settings["warmup_steps"] = max(1, min(100, settings["steps"] // 10))
-        return settings, None
-    return resumed_run(out, given, _check_state)
+    return tune_settings(Settings, "dpo", args, out, _check_state, check_values=_check_values)
 
 
 def _check_values(given: dict) -> None:
@@ -189,48 +186,48 @@ def _load_lora(model: torch.nn.Module, tensors: dict, folder: Path) -> None:
 def _run(args: argparse.Namespace, procs: Processes) -> int:
     out = Path(args.out)
     s, resumed = _settings(args, out)
-    lora = s["lora_rank"] is not None
+    lora = s.lora_rank is not None
     check_lora_flags(args, lora)
-    pairs, digest = _read_pairs(s["data"])
+    pairs, digest = _read_pairs(s.data)
     if resumed and digest != resumed["state"]["data_sha256"]:
-        raise CommandLineError(f"--data {s['data']} changed since the run began (its SHA-256 "
+        raise CommandLineError(f"--data {s.data} changed since the run began (its SHA-256 "
                                f"differs): a resumed run must read the same pairs")
     count, how = set_threads(args.threads, resumed and resumed["state"].get("threads"), procs)
 
-    folder = Path(s["model"])
+    folder = Path(s.model)
     if (folder.is_dir() and not (folder / "config.json").is_file()
             and not (folder / ADAPTER_CONFIG_FILE).is_file()):
-        raise CommandLineError(f"--model {s['model']} is not a model directory (it has no "
+        raise CommandLineError(f"--model {s.model} is not a model directory (it has no "
                                f"config.json): give one that train or finetune wrote")
-    torch.manual_seed(s["seed"])
-    reference, tokenizer = load_chat_model(s, procs.device)      # --model: refused by name
-    model_file = Path(s["model"]) / "model.safetensors"
+    torch.manual_seed(s.seed)
+    reference, tokenizer = load_chat_model(s.model, procs.device)      # --model: refused by name
+    model_file = Path(s.model) / "model.safetensors"
     model_sha256 = file_sha256(model_file) if model_file.is_file() else ""
     if resumed and model_sha256 != resumed["state"]["model_sha256"]:
-        raise CommandLineError(f"--model {s['model']} changed since the run began (its "
+        raise CommandLineError(f"--model {s.model} changed since the run began (its "
                                f"model.safetensors differs): it is the run's reference")
     if resumed and not lora:
         policy = type(reference).from_pretrained(resumed["folder"], device=procs.device)
     else:
         policy = copy.deepcopy(reference)
     if lora:
-        if s.get("lora_alpha") is None:     # PEFT's r = alpha; runs before the flag: the same
-            s["lora_alpha"] = float(s["lora_rank"])
-        s["lora_targets"] = s.get("lora_targets") or LORA_TARGETS[type(policy).__name__]
+        if s.lora_alpha is None:     # PEFT's r = alpha; runs before the flag: the same
+            s.lora_alpha = float(s.lora_rank)
+        s.lora_targets = s.lora_targets or LORA_TARGETS[type(policy).__name__]
         _add_lora(policy, s)
         if resumed:
             _load_lora(policy, resumed["tensors"], resumed["folder"])
     context = policy.config.context_length
-    tokens = _check_pairs(tokenizer, pairs, context, s["data"])
+    tokens = _check_pairs(tokenizer, pairs, context, s.data)
     same = identical_pairs_warning([pair for _, pair in pairs],
                                    labels=[f"line {n}" for n, _ in pairs])
     if same is not None and not resumed:
-        print(f"warning: --data {s['data']}: {same}", file=sys.stderr)
-    dpo = DPO(policy, reference, beta=s["beta"])
-    generator = torch.Generator().manual_seed(s["seed"])
-    optimizer = make_optimizer(dpo, s["lr"], 0.0)       # no weight decay, as TRL
-    loop = TrainingLoop(dpo, optimizer, steps=s["steps"], lr=s["lr"],
-                        warmup_steps=s["warmup_steps"], eval_every=args.log_every)
+        print(f"warning: --data {s.data}: {same}", file=sys.stderr)
+    dpo = DPO(policy, reference, beta=s.beta)
+    generator = torch.Generator().manual_seed(s.seed)
+    optimizer = make_optimizer(dpo, s.lr, 0.0)       # no weight decay, as TRL
+    loop = TrainingLoop(dpo, optimizer, steps=s.steps, lr=s.lr,
+                        warmup_steps=s.warmup_steps, eval_every=args.log_every)
     if resumed:
         restore_checkpoint(out, resumed, loop, optimizer, generator, procs)
         print(f"resuming from step {loop.step}, {how}")
@@ -239,9 +236,9 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     else:
         out.mkdir(parents=True, exist_ok=True)
         trainable, total = trainable_parameters(policy)
-        what = (f"LoRA of rank {s['lora_rank']} on "
-                f"{', '.join(s['lora_targets'])}" if lora else "every weight")
-        print(f"DPO of a {type(policy).__name__} against its frozen copy (beta {s['beta']}): "
+        what = (f"LoRA of rank {s.lora_rank} on "
+                f"{', '.join(s.lora_targets)}" if lora else "every weight")
+        print(f"DPO of a {type(policy).__name__} against its frozen copy (beta {s.beta}): "
               f"{trainable:,} of {total:,} parameters train ({what}), on {len(pairs):,} "
               f"preference pairs ({tokens:,} response tokens), {how}")
 
@@ -255,30 +252,30 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         for key in ("loss", "reward_accuracy"):
             totals[key] += dpo.metrics[key]
         totals["steps"] += 1
-        if loop.step == 1 or loop.step % args.log_every == 0 or loop.step == s["steps"]:
+        if loop.step == 1 or loop.step % args.log_every == 0 or loop.step == s.steps:
             k = totals["steps"]
             tqdm.tqdm.write(f"step {loop.step}: loss {totals['loss'] / k:.4f}, reward "
                             f"accuracy {totals['reward_accuracy'] / k:.2f}"
                             + (f" (mean of {k} steps)" if k > 1 else ""), file=sys.stdout)
             totals.update(loss=0.0, reward_accuracy=0.0, steps=0)
-        if loop.step % args.save_every == 0 or loop.step == s["steps"]:
+        if loop.step % args.save_every == 0 or loop.step == s.steps:
             save_checkpoint(out, loop, optimizer, generator, procs, write_model=write_model,
-                            state={"command": "dpo", "args": s, "data_sha256": digest,
+                            state={"command": "dpo", "args": asdict(s), "data_sha256": digest,
                                    "model_sha256": model_sha256, "threads": count},
                             tensors=_lora_state(policy) if lora else None)
 
-    if loop.step < s["steps"]:
+    if loop.step < s.steps:
         batches = dpo_batches(tokenizer, [pair for _, pair in pairs],
-                              batch_size=s["batch_size"], generator=generator,
+                              batch_size=s.batch_size, generator=generator,
                               context_length=context, device=procs.device)
-        bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="dpo", mininterval=0.5,
+        bar = tqdm.tqdm(total=s.steps, initial=loop.step, desc="dpo", mininterval=0.5,
                         bar_format=BAR_FORMAT, disable=args.no_progress)
         with contextlib.closing(bar):
             loop.run(batches, bar=bar, after_step=after_step)
         print(f"saved {out} at step {loop.step}: a model directory transformers loads"
               + (" (the LoRA adapter merged into it)" if lora else ""))
     else:
-        print(f"the run in {out} is complete: {loop.step} of {s['steps']} steps")
+        print(f"the run in {out} is complete: {loop.step} of {s.steps} steps")
     if args.merge:
         print(f"wrote the merged model also to {_write_merged(out, policy, tokenizer)}")
     return 0

@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -29,11 +30,11 @@ from minitransformer.chat import encode_chat
 from minitransformer.cli.common import (
     CommandLineError,
     Processes,
+    TuneSettings,
     add_checkpoint_flags,
     add_lora_flags,
     add_model_flags,
     add_schedule_flags,
-    check_new_out,
     defaults_epilog,
     distributed,
     file_sha256,
@@ -43,9 +44,10 @@ from minitransformer.cli.common import (
     model_class,
     read_json_lines,
     restore_checkpoint,
-    resumed_run,
     save_checkpoint,
     set_threads,
+    settings_defaults,
+    tune_settings,
 )
 from minitransformer.lora import (
     ADAPTER_WEIGHTS_FILE,
@@ -60,14 +62,19 @@ from minitransformer.models import ARCHITECTURES
 from minitransformer.sft import sft_batch
 from minitransformer.training import BAR_FORMAT, TrainingLoop, make_optimizer
 
+
+@dataclass
+class Settings(TuneSettings):
+    """The flags that decide a ``finetune`` run (:class:`~minitransformer.cli.common.
+    TuneSettings`'s, with its defaults)."""
+
+
 #: What a new run uses for a flag that is not given.
-DEFAULTS = {"steps": 100, "batch_size": 8, "lr": 1e-3, "seed": 0}
+DEFAULTS = settings_defaults(Settings)
 #: LoRA's layers when --lora-targets is not given: PEFT's default for Llama (the query and
 #: value projections); for GPT, whose query, key and value are one fused layer in GPT-2's
 #: files (which PEFT cannot express as ours), the attention's output and the MLP's layers.
 LORA_TARGETS = {a.model.__name__: list(a.lora_targets) for a in ARCHITECTURES.values()}
-#: Flags that decide the run: on --resume they come from the checkpoint (as in ``train``).
-RUN_FLAGS = ("model", "data", *DEFAULTS, "lora_rank", "lora_alpha", "lora_targets")
 MERGED = "merged"
 
 
@@ -93,24 +100,13 @@ def run(args: argparse.Namespace) -> int:
     return in_processes(_run, args)
 
 
-def _settings(args: argparse.Namespace, out: Path, *, write: bool) -> tuple[dict, dict | None]:
+def _settings(args: argparse.Namespace, out: Path, *,
+              write: bool) -> tuple[Settings, dict | None]:
     """The run's flags and, with --resume, the checkpoint to continue (as in ``train``)."""
-    given = {k: getattr(args, k) for k in RUN_FLAGS if getattr(args, k) is not None}
-    for key in ("model", "data"):
-        if key in given:
-            given[key] = os.path.abspath(given[key])
-    if not args.resume:
-        for key in ("model", "data"):
-            if key not in given:
-                raise CommandLineError(f"finetune needs --{key}")
-        check_new_out(out, write=write)
-        settings = {**DEFAULTS, "lora_rank": None, "lora_alpha": None, "lora_targets": None,
-                    **given}
-        if settings["lora_rank"] is not None and settings["lora_alpha"] is None:
-            settings["lora_alpha"] = float(settings["lora_rank"])    # PEFT's r = alpha = 8
-        settings["warmup_steps"] = max(1, min(100, settings["steps"] // 10))
-        return settings, None
-    return resumed_run(out, given, _check_state)
+    s, resumed = tune_settings(Settings, "finetune", args, out, _check_state, write=write)
+    if s.lora_rank is not None and s.lora_alpha is None:
+        s.lora_alpha = float(s.lora_rank)           # PEFT's r = alpha = 8
+    return s, resumed
 
 
 def _check_state(state: dict, path: Path) -> None:
@@ -181,14 +177,14 @@ class _Weighted(nn.Module):
         return logits, loss * weight
 
 
-def _batches(conversations: list, counts: list[int], s: dict, tokenizer: BPETokenizer,
+def _batches(conversations: list, counts: list[int], s: Settings, tokenizer: BPETokenizer,
              context_length: int, generator: torch.Generator,
              procs: Processes) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
     """Every process draws the same global batch of conversations from ``generator`` (its
     state is the data position) and keeps its slice."""
-    share = s["batch_size"] // procs.world_size
+    share = s.batch_size // procs.world_size
     while True:
-        picks = torch.randint(len(conversations), (s["batch_size"],), generator=generator)
+        picks = torch.randint(len(conversations), (s.batch_size,), generator=generator)
         mine = picks[procs.rank * share:(procs.rank + 1) * share].tolist()
         weight = procs.world_size * sum(counts[i] for i in mine) / sum(
             counts[i] for i in picks.tolist())
@@ -197,14 +193,14 @@ def _batches(conversations: list, counts: list[int], s: dict, tokenizer: BPEToke
         yield idx, targets, weight
 
 
-def _add_lora(model: nn.Module, s: dict) -> None:
+def _add_lora(model: nn.Module, s: TuneSettings) -> None:
     """LoRA on the run's targets, refused before training where PEFT's layout cannot hold it."""
     try:
-        add_lora(model, r=s["lora_rank"], alpha=s["lora_alpha"], targets=s["lora_targets"])
+        add_lora(model, r=s.lora_rank, alpha=s.lora_alpha, targets=s.lora_targets)
         peft_module_names(model)
     except (TypeError, ValueError) as exc:
-        flag = (f"--lora-rank {s['lora_rank']}" if str(exc).startswith(f"r={s['lora_rank']} ")
-                else f"--lora-targets {' '.join(s['lora_targets'])}")
+        flag = (f"--lora-rank {s.lora_rank}" if str(exc).startswith(f"r={s.lora_rank} ")
+                else f"--lora-targets {' '.join(s.lora_targets)}")
         raise CommandLineError(f"{flag}: {exc}") from None
 
 
@@ -245,48 +241,48 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     out = Path(args.out)
     say = print if procs.main else (lambda *a, **k: None)
     s, resumed = _settings(args, out, write=procs.main)
-    lora = s["lora_rank"] is not None
+    lora = s.lora_rank is not None
     for key in ("lora_alpha", "lora_targets", "merge"):
         if not lora and getattr(args, key) not in (None, False):
             raise CommandLineError(f"--{key.replace('_', '-')} needs --lora-rank R (a run "
                                    f"without it trains every weight)")
-    if s["batch_size"] % procs.world_size:
-        raise CommandLineError(f"--batch-size {s['batch_size']} is not divisible by the world "
+    if s.batch_size % procs.world_size:
+        raise CommandLineError(f"--batch-size {s.batch_size} is not divisible by the world "
                                f"size {procs.world_size}")
-    if not s["lr"] > 0:
-        raise CommandLineError(f"--lr must be positive, got {s['lr']}")
-    if lora and not s["lora_alpha"] > 0:
-        raise CommandLineError(f"--lora-alpha must be positive, got {s['lora_alpha']}")
-    conversations, digest = _read_conversations(s["data"])
+    if not s.lr > 0:
+        raise CommandLineError(f"--lr must be positive, got {s.lr}")
+    if lora and not s.lora_alpha > 0:
+        raise CommandLineError(f"--lora-alpha must be positive, got {s.lora_alpha}")
+    conversations, digest = _read_conversations(s.data)
     if resumed and digest != resumed["state"]["data_sha256"]:
-        raise CommandLineError(f"--data {s['data']} changed since the run began (its SHA-256 "
+        raise CommandLineError(f"--data {s.data} changed since the run began (its SHA-256 "
                                f"differs): a resumed run must read the same conversations")
     count, how = set_threads(args.threads, resumed and resumed["state"].get("threads"), procs)
 
-    torch.manual_seed(s["seed"])
+    torch.manual_seed(s.seed)
     if resumed and not lora:
         model = model_class(resumed["folder"]).from_pretrained(resumed["folder"],
                                                                device=procs.device)
         tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
     else:
-        model, tokenizer = load_chat_model(s, procs.device)
-    base_sha256 = (file_sha256(Path(s["model"]) / "model.safetensors")
-                   if (Path(s["model"]) / "model.safetensors").is_file() else "")
+        model, tokenizer = load_chat_model(s.model, procs.device)
+    base_sha256 = (file_sha256(Path(s.model) / "model.safetensors")
+                   if (Path(s.model) / "model.safetensors").is_file() else "")
     if lora:
         if resumed and base_sha256 != resumed["state"].get("model_sha256"):
-            raise CommandLineError(f"--model {s['model']} changed since the run began (its "
+            raise CommandLineError(f"--model {s.model} changed since the run began (its "
                                    f"model.safetensors differs): the adapter is for the other")
-        s["lora_targets"] = s["lora_targets"] or LORA_TARGETS[type(model).__name__]
+        s.lora_targets = s.lora_targets or LORA_TARGETS[type(model).__name__]
         _add_lora(model, s)
         if resumed:
             _load_adapter_weights(model, resumed["folder"])
     context = model.config.context_length
-    counts = _assistant_tokens(tokenizer, conversations, context, s["data"])
-    generator = torch.Generator().manual_seed(s["seed"])
-    optimizer = make_optimizer(model, s["lr"], 0.1)
+    counts = _assistant_tokens(tokenizer, conversations, context, s.data)
+    generator = torch.Generator().manual_seed(s.seed)
+    optimizer = make_optimizer(model, s.lr, 0.1)
     wrapped = distributed(_Weighted(model), procs)
-    loop = TrainingLoop(wrapped, optimizer, steps=s["steps"], lr=s["lr"],
-                        warmup_steps=s["warmup_steps"], eval_every=args.log_every,
+    loop = TrainingLoop(wrapped, optimizer, steps=s.steps, lr=s.lr,
+                        warmup_steps=s.warmup_steps, eval_every=args.log_every,
                         eval_model=model, mean_loss=mean_over_ranks(procs))
     trainable, total = trainable_parameters(model)
     if resumed:
@@ -300,7 +296,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
     else:
         if procs.main:
             out.mkdir(parents=True, exist_ok=True)
-        what = (f"LoRA of rank {s['lora_rank']} on {', '.join(s['lora_targets'])}" if lora
+        what = (f"LoRA of rank {s.lora_rank} on {', '.join(s.lora_targets)}" if lora
                 else "every weight")
         say(f"fine-tuning a {type(model).__name__}: {trainable:,} of {total:,} parameters "
             f"train ({what}), on {len(conversations):,} conversations ({sum(counts):,} "
@@ -309,7 +305,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
 
     def write_model(folder: Path) -> None:
         if lora:
-            save_adapter(model, folder, base_model_name_or_path=s["model"])
+            save_adapter(model, folder, base_model_name_or_path=s.model)
         else:
             model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -319,13 +315,13 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         if procs.main and h.steps and h.steps[-1] == loop.step:
             tqdm.tqdm.write(f"step {loop.step}: train loss {h.train_losses[-1]:.4f}",
                             file=sys.stdout)
-        if procs.main and (loop.step % args.save_every == 0 or loop.step == s["steps"]):
+        if procs.main and (loop.step % args.save_every == 0 or loop.step == s.steps):
             save_checkpoint(out, loop, optimizer, generator, procs, write_model=write_model,
-                            state={"command": "finetune", "args": s, "data_sha256": digest,
+                            state={"command": "finetune", "args": asdict(s), "data_sha256": digest,
                                    "model_sha256": base_sha256, "threads": count})
 
-    if loop.step < s["steps"]:
-        bar = tqdm.tqdm(total=s["steps"], initial=loop.step, desc="fine-tuning",
+    if loop.step < s.steps:
+        bar = tqdm.tqdm(total=s.steps, initial=loop.step, desc="fine-tuning",
                         mininterval=0.5, bar_format=BAR_FORMAT,
                         disable=not procs.main or args.no_progress)
         with contextlib.closing(bar):
@@ -334,10 +330,10 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         say(f"saved {out} at step {loop.step}" + (
             f": train loss {loop.history.train_losses[-1]:.4f}"
             if loop.history.train_losses else "") + (
-            f" (a LoRA adapter in PEFT's layout, for the base model {s['model']})"
+            f" (a LoRA adapter in PEFT's layout, for the base model {s.model})"
             if lora else ""))
     else:
-        say(f"the run in {out} is complete: {loop.step} of {s['steps']} steps")
+        say(f"the run in {out} is complete: {loop.step} of {s.steps} steps")
     if args.merge and procs.main:
         say(f"merged the adapter into {_write_merged(out, model, tokenizer)}: a plain model "
             f"directory")

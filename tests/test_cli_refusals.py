@@ -113,6 +113,9 @@ def test_an_abbreviated_flag_is_refused_not_guessed(tmp_path, argv):
     (["chat", "--model", "m", "--temperature", "nan"],
      "--temperature: must be a number, got 'nan'"),
     (["dpo", "--out", "o", "--beta", "inf"], "--beta: must be a number, got 'inf'"),
+    (["grpo", "--out", "o", "--group-size", "0"],
+     "--group-size: must be a whole number at least 1, got '0'"),
+    (["grpo", "--out", "o", "--temperature", "nan"], "--temperature: must be a number, got"),
 ])
 def test_a_bad_number_is_refused_in_the_same_words_by_every_command(argv, words):
     status, stdout, stderr = run(*argv)
@@ -134,7 +137,7 @@ def test_generate_and_chat_sample_alike_by_default():
     assert parse("chat", "--model", "m", "--top-k", "5").top_k == 5
 
 
-@pytest.mark.parametrize("command", ["train", "finetune", "dpo"])
+@pytest.mark.parametrize("command", ["train", "finetune", "dpo", "grpo"])
 def test_the_training_commands_share_their_flags_and_words(command):
     status, stdout, _ = run(command, "--help")
     assert status == 0
@@ -154,8 +157,8 @@ def test_every_command_declares_its_flags_in_its_own_module():
     from minitransformer.cli import COMMANDS, build_parser
 
     names = [name for name, _, _ in COMMANDS]
-    assert names == ["prepare", "train", "generate", "finetune", "dpo", "chat", "serve",
-                     "eval", "quantize", "convert", "download"]
+    assert names == ["prepare", "train", "generate", "finetune", "dpo", "grpo", "chat",
+                     "serve", "eval", "quantize", "convert", "download"]
     for name, module, _ in COMMANDS:
         assert callable(module.add_arguments) and callable(module.run), name
     status, stdout, _ = run("--help")

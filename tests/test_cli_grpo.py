@@ -465,3 +465,46 @@ def test_torchrun_is_refused_in_one_line(gpt_base, data, tmp_path, monkeypatch):
     assert status == 2 and stderr == "minitransformer: error: grpo runs in one process: " \
         "torchrun is not supported\n" and stdout == ""
     assert not (tmp_path / "out").exists()
+
+
+def test_the_reward_gets_what_trl_s_grpo_trainer_gives_it(gpt_base):
+    """The same reward function, given the same rows and completion ids, is called with the
+    same arguments by the command and by TRL's GRPOTrainer._calculate_rewards (TRL's own
+    trainer_state, log_extra and log_metric aside), the completions decoded by transformers'
+    tokenizer; and gets the same rewards, None as NaN."""
+    from types import SimpleNamespace
+
+    from accelerate import PartialState
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    PartialState(cpu=True)      # TRL's logger warns of the None row through accelerate
+
+    tokenizer = BPETokenizer.from_pretrained(gpt_base)
+    end = tokenizer.special_tokens[END_OF_TURN]
+    rows, group = [chat_row(0), chat_row(1)], 3
+    completion_ids = [tokenizer.encode(text) + [end] * (n % 2) for n, text in enumerate(
+        [" cat", " the dog sat", " bird", "", " a fish and", " owl"])]
+    calls = []
+
+    def spy(**kwargs):
+        calls.append(kwargs)
+        return [None if n == 1 else float(n) for n in range(len(kwargs["completions"]))]
+
+    ours = grpo_command.trl_reward([spy], rows, tokenizer, group)(completion_ids)
+    inputs = [dict(row) for row in rows for _ in range(group)]
+    texts = AutoTokenizer.from_pretrained(gpt_base).batch_decode(completion_ids,
+                                                                 skip_special_tokens=True)
+    stub = SimpleNamespace(
+        accelerator=SimpleNamespace(device="cpu", is_main_process=True), reward_funcs=[spy],
+        reward_processing_classes=[None], reward_func_names=["spy"], environments=None,
+        state=SimpleNamespace(global_step=0), args=SimpleNamespace(report_to=[]),
+        _log_completion_extra=None, _log_metric=None)
+    theirs = GRPOTrainer._calculate_rewards(
+        stub, inputs, [row["prompt"] for row in inputs],
+        [[{"role": "assistant", "content": text}] for text in texts], completion_ids)
+    mine, trl_kwargs = calls
+    for key in ("trainer_state", "log_extra", "log_metric"):
+        del trl_kwargs[key]
+    assert mine == trl_kwargs
+    assert [None if v != v else v for v in theirs[:, 0].tolist()] == ours

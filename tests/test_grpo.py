@@ -703,3 +703,38 @@ def test_chat_reward_refusals(chat_setup):
     assert chat_rewards(tok, train[:2], [spy, spy], 3)([[5]] * 6) == [2.0] * 6
     assert seen["answer"] == [train[0]["answer"]] * 3 + [train[1]["answer"]] * 3
     assert seen["prompts"][3] == train[1]["prompt"]
+
+
+@pytest.mark.parametrize("advantage", ["group", "group_mean", "batch", "raw"])
+def test_a_reward_of_none_is_unscored_as_in_trl(advantage):
+    """None from the reward (TRL's unscorable completion): left out of its group's mean and
+    spread, its advantage 0, as TRL's nanmean, nanstd and nan_to_num give (written here from
+    its formulas); a group with one scored reply has no spread: advantage 0 too."""
+    from minitransformer.grpo import GRPO
+
+    values = [None, 1.0, 3.0, 0.5, None, None, 2.0, 2.0, 5.0]
+    objective = GRPO(tiny_gpt(), temperature=1.0)
+    rollout = objective.rollout([[1, 2], [3], [4, 5]], lambda c: values, group_size=3,
+                                max_new_tokens=2, advantage=advantage,
+                                generator=torch.Generator().manual_seed(0))
+    r = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
+    rows = r.view(-1, 3) if advantage != "batch" else r.view(1, -1)
+
+    def nanstd(x):
+        mean = torch.nanmean(x, dim=1, keepdim=True)
+        variance = torch.nanmean((x - mean) ** 2, dim=1, keepdim=True)
+        count = torch.sum(~torch.isnan(x), dim=1, keepdim=True)
+        return torch.sqrt(variance * count / (count - 1))
+
+    expected = r if advantage == "raw" else rows - torch.nanmean(rows, dim=1, keepdim=True)
+    if advantage in ("group", "batch"):
+        expected = expected / (nanstd(rows) + 1e-4)
+    expected = torch.nan_to_num(expected.reshape(-1), nan=0.0)
+    torch.testing.assert_close(rollout.advantages.double(), expected, rtol=1e-6, atol=1e-6)
+    assert rollout.advantages[[0, 4, 5]].eq(0).all()
+    stats = rollout.stats()
+    assert stats["unscored"] == 3 and stats["reward"] == pytest.approx(13.5 / 6)
+    with pytest.raises(ValueError, match=r"rewards\[2\] is nan: every reward must be a finite "
+                                         r"number \(None marks"):
+        objective.rollout([[1, 2]], lambda c: [None, 1.0, math.nan], group_size=3,
+                          max_new_tokens=2)

@@ -82,8 +82,9 @@ def llama_base(data, tmp_path_factory) -> Path:
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
     """The test runs in ``tmp_path`` (where --reward's modules are written), and forgets the
-    modules it imported from there."""
+    modules it imported from there (and sys.path, where the command puts it)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
     before = set(sys.modules)
     yield tmp_path
     for name in set(sys.modules) - before:

@@ -102,14 +102,16 @@ def add_sampling_flags(parser: argparse.ArgumentParser, *, length: str) -> None:
 
 
 def add_schedule_flags(parser: argparse.ArgumentParser, *, batch: str, seeds: str,
-                       log_every: int, logged: str) -> argparse._ArgumentGroup:
-    """``--steps``, ``--lr``, ``--batch-size`` (``batch`` says of what), ``--seed`` (what it
-    ``seeds``), ``--log-every`` (``logged`` says what is printed; ``--eval-every``, train's old
-    name, is its hidden alias). Their defaults are the command's ``DEFAULTS``: None here, so that
-    ``--resume`` sees which were given. The group, for a command's own schedule flags."""
+                       log_every: int, logged: str,
+                       steps: str = "optimizer updates") -> argparse._ArgumentGroup:
+    """``--steps`` (``steps`` says what it counts), ``--lr``, ``--batch-size`` (``batch`` says
+    of what), ``--seed`` (what it ``seeds``), ``--log-every`` (``logged`` says what is printed;
+    ``--eval-every``, train's old name, is its hidden alias). Their defaults are the command's
+    ``DEFAULTS``: None here, so that ``--resume`` sees which were given. The group, for a
+    command's own schedule flags."""
     group = parser.add_argument_group("training schedule")
-    group.add_argument("--steps", type=positive, help="optimizer updates; with --resume, a "
-                       "larger number extends a run")
+    group.add_argument("--steps", type=positive, help=f"{steps}; with --resume, a larger "
+                       f"number extends a run")
     group.add_argument("--lr", type=number, help="peak learning rate")
     group.add_argument("--batch-size", type=positive, help=batch)
     group.add_argument("--seed", type=seed, help=seeds)
@@ -120,13 +122,15 @@ def add_schedule_flags(parser: argparse.ArgumentParser, *, batch: str, seeds: st
     return group
 
 
-def add_checkpoint_flags(parser: argparse.ArgumentParser, *, out: str) -> None:
-    """``--out`` (``out`` says what it becomes), ``--save-every``, ``--resume``,
+def add_checkpoint_flags(parser: argparse.ArgumentParser, *, out: str,
+                         steps: str = "steps") -> None:
+    """``--out`` (``out`` says what it becomes), ``--save-every`` (in ``steps``), ``--resume``,
     ``--no-progress``."""
     group = parser.add_argument_group("run directory and checkpoints")
     group.add_argument("--out", metavar="DIR", required=True, help=out)
-    group.add_argument("--save-every", type=positive, default=100, metavar="N", help="steps "
-                       "between checkpoints (default 100; the last step is always saved)")
+    group.add_argument("--save-every", type=positive, default=100, metavar="N", help=f"{steps} "
+                       f"between checkpoints (default 100; the last {steps[:-1]} is always "
+                       f"saved)")
     group.add_argument("--resume", action="store_true", help="continue the run in --out from "
                        "its last checkpoint")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")

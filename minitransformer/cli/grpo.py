@@ -120,14 +120,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--epsilon", type=number, help="the clip range [1 - epsilon, 1 + epsilon] of the "
         "ratio")
     add("--iterations", type=positive, metavar="MU", help="updates on each round's replies "
-        "(TRL's num_iterations)")
+        "(TRL's num_iterations; --steps counts rounds)")
     add("--loss-type", choices=LOSS_TYPES, help="how the tokens' losses are averaged "
         "(TRL's loss_type)")
-    add_checkpoint_flags(parser, out="the run's directory, a model directory")
+    add_checkpoint_flags(parser, out="the run's directory, a model directory", steps="rounds")
     add_schedule_flags(parser, batch="prompts per round, each answered --group-size times",
                        seeds="seeds the prompts drawn and the sampling (and LoRA's A)",
-                       log_every=10, logged="the rewards printed (the first round is always "
-                       "printed)")
+                       log_every=10, logged="the rewards printed (the first round's always)",
+                       steps="rounds: each samples and scores replies, then "
+                       "takes --iterations updates on them")
     add_lora_flags(parser, targets=LORA_TARGETS, rank="--out is still a model directory, the "
                    "adapter merged into it")
     add_model_flags(parser, "the starting policy (and the reference with --beta): a "

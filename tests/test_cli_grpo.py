@@ -509,3 +509,18 @@ def test_the_reward_gets_what_trl_s_grpo_trainer_gives_it(gpt_base):
         del trl_kwargs[key]
     assert mine == trl_kwargs
     assert [None if v != v else v for v in theirs[:, 0].tolist()] == ours
+
+
+@pytest.mark.parametrize("values", ["torch.arange(len(completions)) % 2",
+                                    "numpy.arange(len(completions)) % 3",
+                                    "tuple(range(len(completions)))"])
+def test_a_reward_may_return_an_array_or_a_tuple_as_trl_takes(values, gpt_base, data, in_tmp):
+    module = "returns_" + values.split(".")[0].split("(")[0]
+    (in_tmp / f"{module}.py").write_text(f"import numpy\nimport torch\n\n\n"
+                                         f"def f(completions, **kwargs):\n"
+                                         f"    return {values}\n", "utf-8")
+    status, stdout, stderr = run("grpo", "--model", gpt_base, "--data", data / "plain.jsonl",
+                                 "--reward", f"{module}:f", "--out", in_tmp / "out", *QUICK,
+                                 "--steps", "1")
+    assert status == 0, stderr
+    assert "groups with signal 1.00" in stdout

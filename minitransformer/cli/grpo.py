@@ -316,6 +316,8 @@ def trl_reward(functions: list[Callable], rows: list[dict], tokenizer,
 
 
 def _check_values_of(f: Callable, values: object, count: int) -> list[float | None]:
+    if callable(getattr(values, "tolist", None)) and getattr(values, "ndim", None) == 1:
+        values = values.tolist()        # a NumPy array or a tensor, which TRL takes too
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, (list, tuple)):
         raise CommandLineError(f"--reward: {_name(f)} returned {type(values).__name__}, not a "
                                f"list of {count} numbers (one per completion)")

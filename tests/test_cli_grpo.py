@@ -524,3 +524,18 @@ def test_a_reward_may_return_an_array_or_a_tuple_as_trl_takes(values, gpt_base, 
                                  "--steps", "1")
     assert status == 0, stderr
     assert "groups with signal 1.00" in stdout
+
+
+def test_replies_no_reward_can_score_move_nothing(gpt_base, data, in_tmp):
+    """Every reply unscored (None, as TRL allows): the rounds carry no signal, the reward is
+    n/a, and the weights stay the model's."""
+    (in_tmp / "nothing_scored.py").write_text("def f(completions, **kwargs):\n"
+                                              "    return [None] * len(completions)\n", "utf-8")
+    out = in_tmp / "out"
+    status, stdout, stderr = run("grpo", "--model", gpt_base, "--data", data / "plain.jsonl",
+                                 "--reward", "nothing_scored:f", "--out", out, *QUICK,
+                                 "--steps", "2")
+    assert status == 0, stderr
+    assert "round 1: reward n/a, groups with signal 0.00" in stdout
+    assert "12 replies unscored" in stdout
+    assert equal(tensors(out / "model.safetensors"), tensors(gpt_base / "model.safetensors"))

@@ -422,7 +422,8 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
             for _ in range(s.iterations):
                 yield (rollouts[-1],)
 
-    totals = {"reward": 0.0, "signal": 0.0, "length": 0.0, "unscored": 0, "rounds": 0}
+    totals = {"reward": 0.0, "scored": 0, "signal": 0.0, "length": 0.0, "unscored": 0,
+              "rounds": 0}
 
     def after_step(loop: TrainingLoop) -> None:
         if loop.step % s.iterations:
@@ -431,10 +432,10 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         bar.update(1)
         rollout = rollouts.pop()
         stats = rollout.stats()
-        groups = rollout.rewards.view(-1, s.group_size)
-        signal = (torch.nan_to_num(groups, nan=math.inf).amax(1)
-                  > torch.nan_to_num(groups, nan=-math.inf).amin(1))
-        totals["reward"] += 0.0 if math.isnan(stats["reward"]) else stats["reward"]
+        signal = rollout.advantages.view(-1, s.group_size).ne(0).any(1)     # rewards differ
+        if not math.isnan(stats["reward"]):         # NaN: every reply of the round unscored
+            totals["reward"] += stats["reward"]
+            totals["scored"] += 1
         totals["signal"] += signal.float().mean().item()
         totals["length"] += stats["length"]
         totals["unscored"] += stats.get("unscored", 0)
@@ -442,11 +443,13 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         if done == 1 or done % args.log_every == 0 or done == s.steps:
             k = totals["rounds"]
             tqdm.tqdm.write(
-                f"round {done}: reward {totals['reward'] / k:.4f}, groups with signal "
+                f"round {done}: reward "
+                + (f"{totals['reward'] / totals['scored']:.4f}" if totals["scored"] else "n/a")
+                + f", groups with signal "
                 f"{totals['signal'] / k:.2f}, reply length {totals['length'] / k:.1f}"
                 + (f", {totals['unscored']} replies unscored" if totals["unscored"] else "")
                 + (f" (mean of {k} rounds)" if k > 1 else ""), file=sys.stdout)
-            totals.update(reward=0.0, signal=0.0, length=0.0, unscored=0, rounds=0)
+            totals.update(reward=0.0, scored=0, signal=0.0, length=0.0, unscored=0, rounds=0)
         if done % args.save_every == 0 or done == s.steps:
             save_checkpoint(out, loop, optimizer, generator, procs, write_model=write_model,
                             state={"command": "grpo", "args": asdict(s), "data_sha256": digest,

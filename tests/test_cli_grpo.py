@@ -156,6 +156,8 @@ def test_lora_writes_a_merged_model_transformers_loads(llama_base, data, tmp_pat
                                  "--merge", "--beta", "0.1")
     assert status == 0, stderr
     assert "LoRA of rank 2 on q_proj, v_proj" in stdout and "6 plain prompts" in stdout
+    kls = [float(k) for k in re.findall(r"KL to the reference (\S+?)[,\s]", stdout)]
+    assert len(kls) == 3 and kls[0] == 0.0 and kls[-1] > 0       # round 1: the reference
     assert not (out / "adapter_config.json").exists()
     ours, base = Llama.from_pretrained(out), Llama.from_pretrained(llama_base)
     assert ours.state_dict().keys() == base.state_dict().keys()

@@ -423,7 +423,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                 yield (rollouts[-1],)
 
     totals = {"reward": 0.0, "scored": 0, "signal": 0.0, "length": 0.0, "unscored": 0,
-              "rounds": 0}
+              "kl": 0.0, "rounds": 0}
 
     def after_step(loop: TrainingLoop) -> None:
         if loop.step % s.iterations:
@@ -439,6 +439,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         totals["signal"] += signal.float().mean().item()
         totals["length"] += stats["length"]
         totals["unscored"] += stats.get("unscored", 0)
+        totals["kl"] += objective.metrics.get("kl", 0.0)      # the round's last update's
         totals["rounds"] += 1
         if done == 1 or done % args.log_every == 0 or done == s.steps:
             k = totals["rounds"]
@@ -447,9 +448,11 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
                 + (f"{totals['reward'] / totals['scored']:.4f}" if totals["scored"] else "n/a")
                 + f", groups with signal "
                 f"{totals['signal'] / k:.2f}, reply length {totals['length'] / k:.1f}"
+                + (f", KL to the reference {totals['kl'] / k:.3g}" if s.beta else "")
                 + (f", {totals['unscored']} replies unscored" if totals["unscored"] else "")
                 + (f" (mean of {k} rounds)" if k > 1 else ""), file=sys.stdout)
-            totals.update(reward=0.0, scored=0, signal=0.0, length=0.0, unscored=0, rounds=0)
+            totals.update(reward=0.0, scored=0, signal=0.0, length=0.0, unscored=0, kl=0.0,
+                          rounds=0)
         if done % args.save_every == 0 or done == s.steps:
             save_checkpoint(out, loop, optimizer, generator, procs, write_model=write_model,
                             state={"command": "grpo", "args": asdict(s), "data_sha256": digest,

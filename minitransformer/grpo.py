@@ -372,9 +372,9 @@ class Rollout:
         out of the means)."""
         unscored = int(torch.isnan(self.rewards).sum())
         groups = self.rewards.view(-1, self.group_size)
-        stats = {"reward": self.rewards.nanmean().item(),
-                 "reward_std": (_nan_std(groups) if unscored else groups.std(dim=1, keepdim=True)
-                                ).nanmean().item(),
+        spread = _nan_std(groups).nanmean() if unscored else groups.std(dim=1).mean()
+        stats = {"reward": (self.rewards.nanmean() if unscored else self.rewards.mean()).item(),
+                 "reward_std": spread.item(),
                  "length": sum(map(len, self.completions)) / len(self.completions)}
         if unscored:
             stats["unscored"] = unscored

@@ -65,8 +65,8 @@ from minitransformer.training import BAR_FORMAT, TrainingLoop, make_optimizer
 
 @dataclass
 class Settings(TuneSettings):
-    """The flags that decide a ``finetune`` run (:class:`~minitransformer.cli.common.
-    TuneSettings`'s, with its defaults)."""
+    """The flags that decide a ``finetune`` run: those of
+    :class:`~minitransformer.cli.common.TuneSettings`, with its defaults."""
 
 
 #: What a new run uses for a flag that is not given.

@@ -316,7 +316,8 @@ class Engine:
 
     Raises:
         TypeError, ValueError: a model that is not a GPT or Llama, a bad size or id, weights
-            that hold NaN or infinity.
+            that hold NaN or infinity, ``adapters`` that is not an ``AdapterSet`` over
+            ``model``.
     """
 
     def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
@@ -389,7 +390,7 @@ class Engine:
             TypeError: ``request`` is not a :class:`Request`.
             ValueError: a token outside the vocabulary, a prompt plus ``max_tokens`` past the
                 model's context, a request that could never fit the pool, a ``top_k`` past the
-                vocabulary.
+                vocabulary, an adapter the engine does not have.
         """
         _checks.check_type("request", request, Request, "a Request")
         c = self.config

@@ -99,11 +99,15 @@ def test_a_mixed_stream_gets_each_adapter_s_merged_tokens(three, prefix_caching)
     before = {k: v.clone() for k, v in base.state_dict().items()}
     engine = engine_over(base, paths, prefix_caching=prefix_caching)
     order = [None, "a", "a", "b", None, "b", "a", None, "b", "b", "a", None]
-    jobs = [(name, PROMPTS[k % len(PROMPTS)] * 2) for k, name in enumerate(order)]
+    long = PROMPTS[2] * 2                          # 40 tokens: two full blocks to share
+    jobs = [(name, long if k % 2 else PROMPTS[k % len(PROMPTS)] * 2)
+            for k, name in enumerate(order)]
     done = engine.run([Request(p, max_tokens=6, temperature=0.0, adapter=name)
                        for name, p in jobs])
     for (name, prompt), completion in zip(jobs, done):
         assert completion.token_ids == greedy(models[name], prompt, 6), name
+    shared = sum(len(p) for _, p in jobs) - engine.prefilled
+    assert shared > 0 if prefix_caching else shared == 0     # "a", "a": one shares
     assert engine.switches >= 7                    # each change of adapter in the queue
     assert engine.num_free_blocks == engine.num_blocks
     engine.adapters.activate(None)

@@ -5,7 +5,9 @@ The model, its tokenizer and a :class:`~minitransformer.serving.Engine` go behin
 :func:`minitransformer.server.create_app`, run by uvicorn on a socket bound here first, so that
 a port in use is a one-line refusal. SIGTERM or Ctrl+C stops it cleanly: no new connection is
 taken, the answers in flight are finished (those still running after ``GRACE_SECONDS`` are
-cancelled, freeing their blocks), and the program exits with status 0.
+cancelled, freeing their blocks), and the program exits with status 0. ``--lora NAME=DIR``
+serves LoRA adapters beside the base model, each under its own name (an
+:class:`~minitransformer.lora.AdapterSet`, one adapter merged at a time).
 """
 
 from __future__ import annotations

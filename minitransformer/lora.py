@@ -15,6 +15,9 @@ names, taken from the model's checkpoint table (:data:`~minitransformer.llama.LL
 :data:`~minitransformer.gpt.GPT2_NAMES`). GPT-2 stores the query, key and value projections as
 one matrix, ``c_attn``, which PEFT gives a single ``A``; our separate ``q_proj``, ``k_proj``
 and ``v_proj`` each have their own, so an adapter on them is refused in either direction.
+
+:class:`AdapterSet` holds several adapters for one model and merges one at a time into its
+weights, restoring the base exactly between them (chapter 18's server, ``serve --lora``).
 """
 
 from __future__ import annotations
@@ -501,8 +504,23 @@ def load_adapter(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             partner, or of the wrong shape (each named); a base of another kind or size
             (vocabulary, width, layers, heads) than the one :func:`save_adapter` recorded.
     """
-    table = _module_table(model)
+    _module_table(model)
     _check_no_lora(model)
+    r, alpha, dropout, pairs = _read_checked(model, path)
+    layers = _wrap(model, pairs, r=r, alpha=alpha, dropout=dropout)
+    with torch.no_grad():
+        for name, (a, b) in pairs.items():
+            layers[name].lora_A.weight.copy_(a)
+            layers[name].lora_B.weight.copy_(b)
+    return model
+
+
+def _read_checked(model: nn.Module, path: str | os.PathLike
+                  ) -> tuple[int, float, float, dict[str, tuple[Tensor, Tensor]]]:
+    """``(r, lora_alpha, lora_dropout, {our layer: (A, B)})`` of the adapter at ``path``,
+    every name, shape and the recorded base checked against ``model`` (see
+    :func:`load_adapter`)."""
+    table = _module_table(model)
     folder = _check_folder(path)
     config, tensors = _read_adapter(folder)
     _check_base(model, folder / ADAPTER_WEIGHTS_FILE)
@@ -519,12 +537,7 @@ def load_adapter(model: nn.Module, path: str | os.PathLike) -> nn.Module:
                                  f"{table[name][0]} has shape {tuple(tensor.shape)}; r={r} and "
                                  f"our {name} ({layer.in_features} -> {layer.out_features}) "
                                  f"need {want[part]}")
-    layers = _wrap(model, pairs, r=r, alpha=alpha, dropout=dropout)
-    with torch.no_grad():
-        for name, (a, b) in pairs.items():
-            layers[name].lora_A.weight.copy_(a)
-            layers[name].lora_B.weight.copy_(b)
-    return model
+    return r, alpha, dropout, pairs
 
 
 def _read_adapter(folder: Path) -> tuple[dict, dict[str, Tensor]]:
@@ -590,3 +603,96 @@ def _adapter_tensors(tensors: dict[str, Tensor], table: dict[str, tuple[str, tup
             missing = ({"A", "B"} - set(found)).pop()
             raise ValueError(f"{source} has no lora_{missing} for {table[name][0]}")
     return {name: (found["A"], found["B"]) for name, found in parts.items()}
+
+
+# --- several adapters over one model, one at a time (chapter 18's server) ------------------
+
+class AdapterSet:
+    """LoRA adapters for one model, of which one at a time is folded into its weights, as
+    :func:`merge_lora` folds it: :meth:`activate` makes the model the base (``None``) or the
+    base with one adapter's ``(alpha / r) · B A`` added, in place.
+
+    The first time an adapter changes a layer, that layer's base weight is copied. A switch
+    copies the base weights of the layers the old adapter changed back, exactly, and then adds
+    the new adapter's change: the base is bit for bit the base again after any number of
+    switches, and an adapter's weights are bit for bit those of :func:`merge_lora` on a fresh
+    :func:`load_adapter` (taking a change out by subtracting it would round differently each
+    time, and drift). The weights are changed through their tensors (their ``_version``
+    counts it), so a fast decode step, packed or not, sees the change. It costs a copy of the
+    adapted layers' base weights, each adapter's ``A`` and ``B``, and, at a switch, a matrix
+    product per adapted layer.
+
+    Args:
+        model: a :class:`~minitransformer.gpt.GPT` or :class:`~minitransformer.llama.Llama`
+            without LoRA layers.
+
+    Raises:
+        TypeError: not a GPT or Llama.
+        ValueError: a model with LoRA layers.
+    """
+
+    def __init__(self, model: nn.Module):
+        _module_table(model)
+        _check_no_lora(model)
+        self.model = model
+        self.active: str | None = None                    # None: the base
+        self.paths: dict[str, Path] = {}
+        self._changes: dict[str, dict[str, tuple[Tensor, Tensor, float]]] = {}
+        self._saved: dict[str, Tensor] = {}               # layer -> its base weight
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The adapters' names, in the order they were added."""
+        return tuple(self._changes)
+
+    def add(self, name: str, path: str | os.PathLike) -> None:
+        """Read the adapter at ``path`` (PEFT's files, checked as :func:`load_adapter` checks
+        them) under ``name``; the model's weights stay as they are.
+
+        Raises:
+            TypeError: a name or path of the wrong type.
+            ValueError: an empty or taken name, an adapter :func:`load_adapter` refuses (for
+                another base, another shape, ...), ``A`` or ``B`` holding NaN or infinity.
+            FileNotFoundError: no adapter at ``path``.
+        """
+        if not _checks.check_type("name", name, str, "a str").strip():
+            raise ValueError("the adapter's name is empty")
+        if name in self._changes:
+            raise ValueError(f"an adapter is called {name!r} already")
+        r, alpha, _, pairs = _read_checked(self.model, path)
+        modules = dict(self.model.named_modules())
+        changes = {}
+        for layer, (a, b) in pairs.items():
+            weight = modules[layer].weight
+            a, b = a.to(weight), b.to(weight)             # as LoRALinear holds them
+            if not bool(torch.isfinite(a).all() and torch.isfinite(b).all()):
+                raise ValueError(f"{path}: the A or B of {layer} holds NaN or infinity")
+            changes[layer] = (a, b, alpha / r)
+        for layer in changes:
+            if layer not in self._saved:                   # not changed now: the base
+                self._saved[layer] = modules[layer].weight.detach().clone()
+        self._changes[name] = changes
+        self.paths[name] = Path(path)
+
+    def activate(self, name: str | None) -> None:
+        """Make the model the base (``None``) or the base with adapter ``name`` merged.
+
+        Raises:
+            ValueError: no adapter of that name.
+        """
+        if name is not None and name not in self._changes:
+            raise ValueError(f"no adapter is called {name!r}; there are "
+                             f"{', '.join(map(repr, self._changes)) or 'none'}")
+        if name == self.active:
+            return
+        modules = dict(self.model.named_modules())
+        with torch.inference_mode(False), torch.no_grad():
+            for layer in self._changes.get(self.active, ()):
+                modules[layer].weight.copy_(self._saved[layer])
+            for layer, (a, b, scaling) in self._changes.get(name, {}).items():
+                weight = modules[layer].weight              # as LoRALinear.merge adds it
+                weight += ((b @ a) * scaling).to(weight.dtype)
+        self.active = name
+
+    def __repr__(self) -> str:
+        return f"AdapterSet({', '.join(self.names) or 'no adapters'}; active={self.active!r})"

@@ -27,7 +27,8 @@ from its bytes before it is tokenized, and tokenizing runs in a thread.
 Beside OpenAI's routes: ``GET /health`` (200 while the engine runs), ``GET /metrics``
 (Prometheus' text format), ``POST /tokenize`` and ``/detokenize`` (as vLLM names them). With
 ``api_key``, every ``/v1`` route asks for ``Authorization: Bearer KEY``; ``allowed_origins``
-lets pages of those origins call the API (CORS).
+lets pages of those origins call the API (CORS). The engine's LoRA adapters are models of their
+own names: a request's ``model`` chooses the base or an adapter.
 
 ``python -m minitransformer serve`` (:mod:`minitransformer.cli.serve`) runs it with uvicorn.
 """
@@ -109,10 +110,10 @@ def error_response(status: int, message: str, *, param: str | None = None,
                                    "code": code}}, status_code=status, headers=headers)
 
 
-def _model_not_found(name: object, model_name: str) -> OpenAIError:
+def _model_not_found(name: object, served: Sequence[str]) -> OpenAIError:
     return OpenAIError(f"the model {_show(name)} does not exist: this server serves "
-                       f"{json.dumps(model_name)}", param="model", code="model_not_found",
-                       status=404)
+                       f"{', '.join(map(json.dumps, served))}", param="model",
+                       code="model_not_found", status=404)
 
 
 def _show(value: object, limit: int = 80) -> str:
@@ -197,10 +198,12 @@ class _Worker:
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, requests: Sequence[EngineRequest]) -> tuple[list[int], asyncio.Queue]:
+    def submit(self, requests: Sequence[EngineRequest], arrived: float | None = None
+               ) -> tuple[list[int], asyncio.Queue]:
         """Queue the requests of one HTTP request (its choices) together, so that they are
         admitted in the same step and run as a batch; their ids, and the queue that gets all
-        their events."""
+        their events. ``arrived``: when the HTTP request came (``time.perf_counter()``), from
+        which its time to first token counts (default: now)."""
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         limit = self.engine.max_batch + self.max_queue
         if len(requests) > limit:
@@ -225,7 +228,7 @@ class _Worker:
                 for request_id in ids:
                     self.engine.cancel(request_id)
                 raise OpenAIError(str(exc), code="invalid_value") from None
-            now = time.perf_counter()
+            now = time.perf_counter() if arrived is None else arrived
             for request_id in ids:
                 self._queues[request_id] = (loop, queue)
                 self._last[request_id] = (now, False)
@@ -406,7 +409,8 @@ def _stop(body: dict) -> tuple[str, ...]:
 class _Settings:
     """The parameters common to both endpoints, checked."""
 
-    def __init__(self, body: dict, fields: set[str], model_name: str, *, chat: bool) -> None:
+    def __init__(self, body: dict, fields: set[str], served: Sequence[str], *,
+                 chat: bool) -> None:
         for name in body:
             if name in NEUTRAL:
                 allowed = NEUTRAL[name]
@@ -425,10 +429,13 @@ class _Settings:
                                   code="unknown_parameter")
         model = body.get("model")
         if model is None:
-            raise OpenAIError(f"model is missing: this server serves {json.dumps(model_name)}",
-                              param="model", code="missing_required_parameter")
-        if model != model_name:
-            raise _model_not_found(model, model_name)
+            raise OpenAIError(f"model is missing: this server serves "
+                              f"{', '.join(map(json.dumps, served))}", param="model",
+                              code="missing_required_parameter")
+        if not isinstance(model, str) or model not in served:
+            raise _model_not_found(model, served)
+        self.model = model                  # served[0] is the base; the others, adapters
+        self.adapter = None if model == served[0] else model
         self.n = _integer(body, "n", 1, low=1, high=MAX_CHOICES)
         if chat:                         # logprobs: true|false, top_logprobs: 0 to 20
             wanted = body.get("logprobs")
@@ -479,7 +486,8 @@ class _Settings:
                                  presence_penalty=self.presence_penalty,
                                  frequency_penalty=self.frequency_penalty,
                                  stop_token_ids=stop_token_ids, logprobs=self.top,
-                                 prompt_logprobs=self.echo and self.top is not None)
+                                 prompt_logprobs=self.echo and self.top is not None,
+                                 adapter=self.adapter)
         except (TypeError, ValueError) as exc:
             raise OpenAIError(str(exc), code="invalid_value") from None
 
@@ -606,6 +614,10 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
     ``minitransformer chat`` does; a completion ends at no token, as ``minitransformer
     generate`` does (``stop`` strings end both). Special tokens write no text.
 
+    The engine's LoRA adapters (``Engine(..., adapters=...)``) are served as models of their
+    own names beside ``model_name``, as vLLM's ``--lora-modules``: ``/v1/models`` lists them
+    with ``"parent"`` the base's name, and a request's ``model`` chooses one.
+
     Args:
         max_queue: the most requests that wait for a row of the batch; past them, 503.
         max_body_bytes: the largest body taken (413 past it); ``None``: what the longest
@@ -618,7 +630,8 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
     Raises:
         TypeError: an engine that is not an ``Engine``, a tokenizer that is not a
             ``BPETokenizer``, an option of the wrong type.
-        ValueError: an empty name or key, a negative queue, a body limit below 1.
+        ValueError: an empty name or key, an adapter named as the base, a negative queue, a
+            body limit below 1.
     """
     check_type("engine", engine, Engine, "a minitransformer.serving.Engine")
     if not callable(getattr(tokenizer, "encode", None)) or not isinstance(
@@ -627,6 +640,10 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
     if not check_type("model_name", model_name, str, "a str").strip():
         raise ValueError("model_name is empty: clients ask for the model by this name")
     check_int("max_queue", max_queue, low=0)
+    served = (model_name, *(() if engine.adapters is None else engine.adapters.names))
+    if model_name in served[1:]:
+        raise ValueError(f"an adapter is called {model_name!r}, the base model's name: "
+                         f"clients could not ask for one or the other")
     if api_key is not None and not check_type("api_key", api_key, str, "a str or None"):
         raise ValueError("api_key is empty: give a key, or None for no key")
     check_type("allowed_origins", allowed_origins, (list, tuple), "a list of str")
@@ -707,18 +724,19 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
                               status=401, headers={"WWW-Authenticate": "Bearer"})
 
     v1 = [Depends(authorize)]
-    model_card = {"id": model_name, "object": "model", "created": created,
-                  "owned_by": "minitransformer"}
+    cards = {name: {"id": name, "object": "model", "created": created,
+                    "owned_by": "minitransformer",     # vLLM's: an adapter's parent is the base
+                    "parent": None if name == model_name else model_name} for name in served}
 
     @app.get("/v1/models", dependencies=v1)
     async def models() -> dict:
-        return {"object": "list", "data": [model_card]}
+        return {"object": "list", "data": list(cards.values())}
 
     @app.get("/v1/models/{name:path}", dependencies=v1)
     async def model(name: str) -> dict:
-        if name != model_name:
-            raise _model_not_found(name, model_name)
-        return model_card
+        if name not in cards:
+            raise _model_not_found(name, served)
+        return cards[name]
 
     @app.get("/", response_class=HTMLResponse)
     async def chat_page() -> HTMLResponse:
@@ -795,20 +813,23 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request):
+        arrived = time.perf_counter()       # TTFT counts the reading and the tokenizing
         body = await _json_body(request, max_body_bytes)
-        settings = _Settings(body, CHAT_FIELDS, model_name, chat=True)
+        settings = _Settings(body, CHAT_FIELDS, served, chat=True)
         ids = await chat_ids(_chat_messages(body))
         limit = _max_tokens(body, ("max_completion_tokens", "max_tokens"), len(ids), context,
                             None)
         choices = [_Choice(j, settings.request(ids, limit, chat_stops, j))
                    for j in range(settings.n)]
         return await _answer(request, worker, choices, settings, chat=True,
-                             model_name=model_name, form=form, prompt_tokens=len(ids))
+                             model_name=settings.model, form=form, prompt_tokens=len(ids),
+                             arrived=arrived)
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request):
+        arrived = time.perf_counter()
         body = await _json_body(request, max_body_bytes)
-        settings = _Settings(body, COMPLETION_FIELDS, model_name, chat=False)
+        settings = _Settings(body, COMPLETION_FIELDS, served, chat=False)
         choices = []
         prompts = await prompt_list(body.get("prompt"), settings.n)
         for ids, text in prompts:
@@ -819,8 +840,9 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
                 choices.append(_Choice(len(choices), job, keep=limit > 0,
                                        echo=text if settings.echo else None))
         return await _answer(request, worker, choices, settings, chat=False,
-                             model_name=model_name, form=form,
-                             prompt_tokens=sum(len(ids) for ids, _ in prompts))
+                             model_name=settings.model, form=form,
+                             prompt_tokens=sum(len(ids) for ids, _ in prompts),
+                             arrived=arrived)
 
     # ----- beside OpenAI's API: health, metrics, tokens (as vLLM names them) -----------------
 
@@ -840,8 +862,8 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
             if name not in fields:
                 raise OpenAIError(f"unknown parameter: {name}", param=name,
                                   code="unknown_parameter")
-        if body.get("model") is not None and body["model"] != model_name:
-            raise _model_not_found(body["model"], model_name)
+        if body.get("model") is not None and body["model"] not in served:
+            raise _model_not_found(body["model"], served)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict:
@@ -904,7 +926,7 @@ def _metrics(worker: _Worker) -> str:
         metric(prefix + "kv_blocks_free", "gauge", "KV cache blocks free.", free)
         for name, histogram, help_text in (
                 ("time_to_first_token_seconds", worker.ttft,
-                 "Seconds from a request's entry in the queue to its first token."),
+                 "Seconds from a request's arrival to its first token."),
                 ("inter_token_latency_seconds", worker.itl,
                  "Seconds between a request's consecutive tokens.")):
             metric(prefix + name, "histogram", help_text)
@@ -996,10 +1018,10 @@ class _Logprobs:
 
 async def _answer(request: Request, worker: _Worker, choices: list[_Choice],
                   settings: _Settings, *, chat: bool, model_name: str, form: _Logprobs,
-                  prompt_tokens: int):
+                  prompt_tokens: int, arrived: float):
     """Submit the choices' requests together and answer them, as one JSON object or as a
     stream of events."""
-    ids, queue = worker.submit([c.job for c in choices])
+    ids, queue = worker.submit([c.job for c in choices], arrived)
     by_id = dict(zip(ids, choices))
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
             "object": "chat.completion" if chat else "text_completion",

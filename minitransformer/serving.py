@@ -45,6 +45,18 @@ penalties, so its tokens are those it gets alone with
 a batched matrix product, or the fast step's blocks, may round differently from the same row
 alone (chapter 18 measures whether that ever changes a token).
 
+With ``adapters`` (an :class:`~minitransformer.lora.AdapterSet`), each request names a LoRA
+adapter or the base, and the engine serves *one adapter at a time*, merged into the weights, so
+a step costs what it costs without LoRA. Admission stays first come, first served: while the
+oldest waiting request wants the adapter merged now, requests are admitted as before; when it
+wants another, admission stops (the requests behind it wait too, so none is passed over and
+none starves), the running requests finish, and the weights switch (the base weights copied
+back exactly, the new adapter's ``B A`` added). The cost: a stream that alternates between
+adapters runs in small batches, each drained before the next switch. The other design, vLLM's
+and S-LoRA's, computes each row's low-rank term ``B A x`` separately in a mixed batch: no
+drain, but an extra product per adapted layer at every step. The prefix table only holds
+blocks of running requests, so it is empty at a switch: keys are never shared across adapters.
+
 :meth:`Engine.submit` and :meth:`Engine.cancel` may be called from any thread while one thread
 calls :meth:`Engine.step` in a loop (the server's design); :meth:`Engine.run` drives the steps
 itself.
@@ -64,6 +76,7 @@ from torch import Tensor, nn
 
 from minitransformer import _checks
 from minitransformer.generation import SamplingParams
+from minitransformer.lora import AdapterSet
 from minitransformer.paged_cache import BLOCK_SIZE, BlockPool
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
@@ -92,6 +105,8 @@ class Request:
         prompt_logprobs: also give each prompt token's log-probability given the tokens
             before it (the first's is ``None``), with ``logprobs`` alternatives, in the event
             of the first new token (what ``echo`` and lm-eval's loglikelihood need).
+        adapter: the name of one of the engine's LoRA adapters to run with (``None``: the base
+            model).
 
     Raises:
         TypeError, ValueError: a bad prompt or option, naming it.
@@ -99,14 +114,14 @@ class Request:
 
     __slots__ = ("prompt_ids", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop",
                  "presence_penalty", "frequency_penalty", "stop_token_ids", "sampling",
-                 "logprobs", "prompt_logprobs")
+                 "logprobs", "prompt_logprobs", "adapter")
 
     def __init__(self, prompt_ids: Sequence[int], *, max_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] = (), presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0,
                  stop_token_ids: Sequence[int] | None = None, logprobs: int | None = None,
-                 prompt_logprobs: bool = False):
+                 prompt_logprobs: bool = False, adapter: str | None = None):
         self.prompt_ids = _checks.check_id_list("prompt_ids", prompt_ids, allow_empty=False)
         self.max_tokens = _checks.check_int("max_tokens", max_tokens)
         self.sampling = SamplingParams(temperature, top_k, top_p, presence_penalty,
@@ -133,10 +148,13 @@ class Request:
                                                   "True or False")
         if prompt_logprobs and logprobs is None:
             raise ValueError("prompt_logprobs=True needs logprobs (0 or more alternatives)")
+        self.adapter = (None if adapter is None
+                        else _checks.check_type("adapter", adapter, str, "a str or None"))
 
     def __repr__(self) -> str:
         return (f"Request({len(self.prompt_ids)} prompt tokens, max_tokens={self.max_tokens}, "
-                f"temperature={self.temperature}, seed={self.seed})")
+                f"temperature={self.temperature}, seed={self.seed}"
+                + (f", adapter={self.adapter!r})" if self.adapter is not None else ")"))
 
 
 def _usable(logits: Tensor) -> list[bool]:
@@ -292,19 +310,31 @@ class Engine:
             Its tokens are those without sharing up to float rounding (the rest's prefill
             reads cached keys instead of computing them in the same pass). A request that
             asks for ``prompt_logprobs`` prefills its whole prompt.
+        adapters: a :class:`~minitransformer.lora.AdapterSet` over ``model``: a request names
+            one of its adapters (``Request.adapter``), which runs merged into the weights; the
+            engine serves one adapter at a time (see the module's notes). ``None``: none.
 
     Raises:
         TypeError, ValueError: a model that is not a GPT or Llama, a bad size or id, weights
-            that hold NaN or infinity.
+            that hold NaN or infinity, ``adapters`` that is not an ``AdapterSet`` over
+            ``model``.
     """
 
     def __init__(self, model: nn.Module, tokenizer: object = None, *, max_batch: int = 16,
                  kv_blocks: int = 256, block_size: int = BLOCK_SIZE,
                  eos_ids: Sequence[int] | None = None, pack_weights: bool = True,
-                 prefix_caching: bool = False):
+                 prefix_caching: bool = False, adapters: AdapterSet | None = None):
         from minitransformer.models import architecture_of
 
         architecture_of(model)               # a GPT or a Llama: both have the fast step
+        if adapters is not None:
+            _checks.check_type("adapters", adapters, AdapterSet, "an AdapterSet or None")
+            if adapters.model is not model:
+                raise ValueError("adapters is an AdapterSet over another model: make it over "
+                                 "the engine's")
+            adapters.activate(None)
+        self.adapters = adapters
+        self.switches = 0                                 # adapter switches so far
         if tokenizer is not None and not callable(getattr(tokenizer, "token_bytes", None)):
             raise TypeError(f"tokenizer must be a BPETokenizer (with token_bytes), got "
                             f"{type(tokenizer).__name__}")
@@ -360,10 +390,14 @@ class Engine:
             TypeError: ``request`` is not a :class:`Request`.
             ValueError: a token outside the vocabulary, a prompt plus ``max_tokens`` past the
                 model's context, a request that could never fit the pool, a ``top_k`` past the
-                vocabulary.
+                vocabulary, an adapter the engine does not have.
         """
         _checks.check_type("request", request, Request, "a Request")
         c = self.config
+        known = () if self.adapters is None else self.adapters.names
+        if request.adapter is not None and request.adapter not in known:
+            raise ValueError(f"adapter={request.adapter!r}: the engine has no such adapter ("
+                             f"{'it has ' + ', '.join(map(repr, known)) if known else 'none'})")
         self._check_vocab("prompt_ids", request.prompt_ids)
         request.sampling.check_vocab(c.vocab_size)
         if request.logprobs is not None and request.logprobs > c.vocab_size:
@@ -544,6 +578,10 @@ class Engine:
         admitted = []
         while self._waiting and len(self._running) + len(admitted) < self.max_batch:
             seq = self._waiting[0]
+            if self.adapters is not None and seq.request.adapter != self.adapters.active:
+                if self._running or admitted:
+                    break                   # the running requests finish, then it switches
+                self._switch(seq.request.adapter)
             shared = len(self._shared_blocks(seq, len(seq.tokens) - (1 if seq.generated
                                                                       else 0)))
             if pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) - shared > budget:
@@ -557,6 +595,15 @@ class Engine:
             budget -= pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) - len(shared)
             admitted.append(seq)
         return admitted
+
+    def _switch(self, adapter: str | None) -> None:
+        """Merge ``adapter`` into the weights (``None``: the base), with no request running.
+        The prefix table holds only running requests' blocks, so it is empty: no block of
+        keys computed with one adapter's weights is ever shared with another's request."""
+        if self._prefix:
+            raise RuntimeError("blocks are shared while no request runs: a bug")
+        self.adapters.activate(adapter)
+        self.switches += 1
 
     def _shared_blocks(self, seq: _Sequence, prefill: int) -> list[int]:
         """The blocks of running requests that hold the keys of ``seq``'s first tokens: full

@@ -329,6 +329,26 @@ def test_metrics_count_requests_tokens_blocks_and_latencies(model_dir):
     assert value(after, itl, itl + "_sum") >= 29 * 0.05
 
 
+def test_time_to_first_token_counts_from_the_request_s_arrival(model_dir, monkeypatch):
+    """The TTFT histogram starts when the request arrives, so a prompt that takes 0.5 s to
+    tokenize counts those 0.5 s (the client waited them too)."""
+    record = serve_model_dir(model_dir)
+    encode = record.tokenizer.encode
+
+    def slow_encode(text, *args, **kwargs):
+        time.sleep(0.5)
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(record.tokenizer, "encode", slow_encode)
+    with running(record.app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        client.completions.create(model=record.name, prompt="x", max_tokens=2, temperature=0)
+        after = metrics(url)
+    ttft = "minitransformer_time_to_first_token_seconds"
+    assert value(after, ttft, ttft + "_count") == 1
+    assert value(after, ttft, ttft + "_sum") >= 0.5
+
+
 def test_tokenize_and_detokenize_as_vllm_names_them(served):
     tokenizer = served.tokenizer
     reply = httpx.post(served.url + "/tokenize", json={"model": served.name,

@@ -5,7 +5,9 @@ The model, its tokenizer and a :class:`~minitransformer.serving.Engine` go behin
 :func:`minitransformer.server.create_app`, run by uvicorn on a socket bound here first, so that
 a port in use is a one-line refusal. SIGTERM or Ctrl+C stops it cleanly: no new connection is
 taken, the answers in flight are finished (those still running after ``GRACE_SECONDS`` are
-cancelled, freeing their blocks), and the program exits with status 0.
+cancelled, freeing their blocks), and the program exits with status 0. ``--lora NAME=DIR``
+serves LoRA adapters beside the base model, each under its own name (an
+:class:`~minitransformer.lora.AdapterSet`, one adapter merged at a time).
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cache's pool (default 256)")
     add("--no-pack-weights", action="store_true", help="do not keep a GPT's weights also "
         "packed for the CPU's matrix products (half the memory, slower batches)")
+    add("--lora", metavar="NAME=DIR", action="append", type=lora_module, default=[],
+        help="also serve the LoRA adapter in DIR (what finetune --lora-rank writes, for this "
+        "--model) as the model NAME; repeatable. The engine runs one adapter at a time, "
+        "switching when the oldest waiting request asks for another (as vLLM's "
+        "--lora-modules, without mixing adapters in a batch)")
     add("--prefix-caching", action="store_true", help="share the KV blocks of prompts that "
         "begin with the same tokens (fewer positions to prefill)")
     add("--device", help="default: minitransformer.default_device()")
@@ -91,22 +98,28 @@ def run(args: argparse.Namespace) -> int:
                                f"'minitransformer[serve]'") from None
     from minitransformer.serving import Engine
 
+    from minitransformer.lora import ADAPTER_CONFIG_FILE
+
+    if args.lora and (folder / ADAPTER_CONFIG_FILE).is_file():
+        raise CommandLineError(f"--model {folder} is a LoRA adapter: with --lora, give its "
+                               f"base as --model and the adapter as --lora NAME={folder}")
     where = device(args.device)
     sock = listen(args.host, args.port)
     before = torch.get_num_threads()        # given back: main() may run inside a notebook
     try:
         torch.set_num_threads(threads(args.threads)[0])
         model, tokenizer = load(folder, where)
+        name = args.name or (folder.resolve().stem if folder.is_file()
+                             else folder.resolve().name)
+        adapters = load_adapters(model, tokenizer, args.lora, name)
         check_pool_fits(model, args.kv_blocks, where)
         try:
             engine = Engine(model.eval(), tokenizer, max_batch=args.max_batch,
                             kv_blocks=args.kv_blocks, pack_weights=not args.no_pack_weights,
-                            prefix_caching=args.prefix_caching)
+                            prefix_caching=args.prefix_caching, adapters=adapters)
         except (RuntimeError, MemoryError) as exc:   # the allocator's refusal
             raise CommandLineError(f"--kv-blocks {args.kv_blocks}: the KV cache could not be "
                                    f"allocated ({str(exc).splitlines()[0]})") from None
-        name = args.name or (folder.resolve().stem if folder.is_file()
-                             else folder.resolve().name)
         api_key = args.api_key if args.api_key is not None else os.environ.get(
             API_KEY_VARIABLE) or None
         if args.api_key is not None and not args.api_key.strip():
@@ -116,13 +129,61 @@ def run(args: argparse.Namespace) -> int:
                          allowed_origins=args.allowed_origins or (), **queue)
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-        print(f"serving {folder} as the model {name!r} at {url}/v1 (chat page: {url}/); "
-              f"SIGTERM or Ctrl+C stops it", flush=True)
+        also = "".join(f", {n!r}" for n in (adapters.names if adapters else ()))
+        print(f"serving {folder} as the model {name!r}{also} at {url}/v1 (chat page: "
+              f"{url}/); SIGTERM or Ctrl+C stops it", flush=True)
         serve(app, sock, uvicorn)
     finally:
         sock.close()
         torch.set_num_threads(before)
     return 0
+
+
+def lora_module(text: str) -> tuple[str, str]:
+    """``--lora NAME=DIR``: the name clients ask for, and the adapter's directory."""
+    name, equals, path = text.partition("=")
+    if not equals or not name.strip() or not path:
+        raise argparse.ArgumentTypeError(f"must be NAME=DIR, e.g. sql=runs/sql-lora, got "
+                                         f"{text!r}")
+    return name, path
+
+
+def load_adapters(model: torch.nn.Module, tokenizer: BPETokenizer,
+                  modules: list[tuple[str, str]], base_name: str):
+    """The ``--lora`` adapters over ``model`` (``None`` without any), each refused in one
+    line: a name taken twice or the base's, not an adapter directory, or one trained on
+    another base (another shape, another vocabulary)."""
+    if not modules:
+        return None
+    from minitransformer.lora import ADAPTER_CONFIG_FILE, AdapterSet
+
+    adapters = AdapterSet(model)
+    for name, path in modules:
+        flag = f"--lora {name}={path}"
+        if name == base_name:
+            raise CommandLineError(f"{flag}: {name!r} is the base model's name (--name): "
+                                   f"choose another")
+        if name in adapters.names:
+            raise CommandLineError(f"{flag}: two adapters are called {name!r}")
+        if not (Path(path) / ADAPTER_CONFIG_FILE).is_file():
+            raise CommandLineError(f"{flag}: {path} is not a LoRA adapter directory (no "
+                                   f"{ADAPTER_CONFIG_FILE}; finetune --lora-rank writes one)")
+        try:
+            adapters.add(name, path)
+        except (ValueError, OSError) as exc:
+            raise CommandLineError(f"{flag}: {exc}") from None
+        if any((Path(path) / f).is_file() for f in ("vocab.json", "tokenizer.json")):
+            try:
+                theirs = BPETokenizer.from_pretrained(path)
+            except (ValueError, OSError) as exc:
+                raise CommandLineError(f"{flag}: its tokenizer cannot be read ({exc})"
+                                       ) from None
+            if len(theirs) != len(tokenizer) or any(
+                    theirs.token_bytes(i) != tokenizer.token_bytes(i)
+                    for i in range(len(tokenizer))):
+                raise CommandLineError(f"{flag}: its tokenizer differs from the base model's "
+                                       f"(another vocabulary): it was trained on another base")
+    return adapters
 
 
 def check_pool_fits(model: torch.nn.Module, kv_blocks: int, where: torch.device) -> None:

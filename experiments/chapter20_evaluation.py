@@ -6,16 +6,16 @@ chapter's error bars (the chapter recomputes the first items and checks they equ
 
 Models: the shipped Q4_1 file read to float32 ("Q4_1"), and the same weights re-quantised in
 memory to Q4_0 with the embedding (also the output head) kept in Q8_0, as chapter 19 does
-("Q4_0"). HellaSwag is scored by both; MMLU by the Q4_1 model in three prompt formats:
-``lm-eval`` (lm-eval's zero-shot prompt, the letters as answers), ``no subject`` (the same
-without the subject's line) and ``cloze`` (``Question: ...\\nAnswer:`` with each choice's text as
-the answer). One thread, batches of 8; about 10 minutes on one core.
+("Q4_0"). HellaSwag is scored by both; MMLU by the Q4_1 model in two prompt formats:
+``lm-eval`` (lm-eval's zero-shot prompt, the letters as answers) and, on the first 100 items,
+``cloze`` (``Question: ...\\nAnswer:`` with each choice's text as the answer). One thread, batches of 8: about 10 minutes on one quiet core. The four parts
+can run as four processes (``--part``), then ``--merge`` joins their files.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -47,10 +47,8 @@ def requantized(model: Llama, kind: str) -> Llama:
 
 def mmlu_formats(doc: dict) -> dict[str, tuple[str, list[str], int]]:
     question = doc["question"].strip()
-    lettered = "\n".join(f"{x}. {c}" for x, c in zip("ABCD", doc["choices"]))
     label = int(doc["answer"])
     return {"lm-eval": ev.mmlu_item(doc),
-            "no subject": (f"{question}\n{lettered}\nAnswer:", list("ABCD"), label),
             "cloze": (f"Question: {question}\nAnswer:", list(doc["choices"]), label)}
 
 
@@ -58,28 +56,54 @@ def read(name: str) -> list[dict]:
     return [json.loads(line) for line in (DATA / f"{name}.jsonl").open(encoding="utf-8")]
 
 
-def main() -> None:
-    torch.set_num_threads(1)
+PARTS = ("hellaswag:Q4_1", "hellaswag:Q4_0", "mmlu:lm-eval", "mmlu:cloze")
+CLOZE_ITEMS = 100     # the cloze format scores 4 rows an item: the first 100 items
+
+
+def run_part(part: str) -> dict:
+    """One part of the run, ``task:names`` (the models for HellaSwag, the formats for MMLU),
+    as ``{task: {name: per-item log-likelihoods}}``."""
+    task, names = part.split(":")
     path = smollm2_path()
     tokenizer = BPETokenizer.from_gguf(path)
-    models = {"Q4_1": Llama.from_gguf(path).eval()}
-    models["Q4_0"] = requantized(models["Q4_1"], "Q4_0")
-    hellaswag = [ev.hellaswag_item(d) for d in read("hellaswag")]
-    mmlu = [mmlu_formats(d) for d in read("mmlu")]
+    model = Llama.from_gguf(path).eval()
+    results: dict = {task: {}}
+    for name in names.split(","):
+        if task == "hellaswag":
+            scored = model if name == "Q4_1" else requantized(model, name)
+            items = [ev.hellaswag_item(d) for d in read("hellaswag")]
+        else:
+            docs = read("mmlu")[:CLOZE_ITEMS if name == "cloze" else None]
+            scored, items = model, [mmlu_formats(d)[name] for d in docs]
+        scores = ev.score_multiple_choice(scored, tokenizer, items)
+        results[task][name] = [[round(x, 6) for x in s.log_likelihoods] for s in scores]
+        print(part, name, "acc", sum(s.acc for s in scores) / len(scores), "acc_norm",
+              sum(s.acc_norm for s in scores) / len(scores), flush=True)
+    return results
+
+
+def main() -> None:
+    """Every part in turn (``--part P`` runs one and writes it beside OUT; ``--merge``
+    joins the parts' files into OUT), then OUT."""
+    torch.set_num_threads(1)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=PARTS)
+    parser.add_argument("--merge", action="store_true")
+    args = parser.parse_args()
+    part_file = lambda part: OUT.with_name(f"{OUT.stem}.{PARTS.index(part)}.json")  # noqa: E731
+    if args.part:
+        part_file(args.part).write_text(json.dumps(run_part(args.part)), encoding="utf-8")
+        return
     results: dict = {"hellaswag": {}, "mmlu": {}}
-    start = time.process_time()
-    for name, model in models.items():
-        scores = ev.score_multiple_choice(model, tokenizer, hellaswag)
-        results["hellaswag"][name] = [[round(x, 6) for x in s.log_likelihoods] for s in scores]
-        print(name, "hellaswag acc", sum(s.acc for s in scores) / len(scores), flush=True)
-    for fmt in mmlu[0]:
-        scores = ev.score_multiple_choice(models["Q4_1"], tokenizer, [m[fmt] for m in mmlu])
-        results["mmlu"][fmt] = [[round(x, 6) for x in s.log_likelihoods] for s in scores]
-        print(fmt, "mmlu acc", sum(s.acc for s in scores) / len(scores),
-              "acc_norm", sum(s.acc_norm for s in scores) / len(scores), flush=True)
-    results["cpu_seconds"] = round(time.process_time() - start)
+    for part in PARTS:
+        found = part_file(part)
+        done = json.loads(found.read_text()) if args.merge else run_part(part)
+        for task, values in done.items():
+            results[task].update(values)
+        if args.merge:
+            found.unlink()
     OUT.write_text(json.dumps(results, indent=0) + "\n", encoding="utf-8")
-    print("wrote", OUT, results["cpu_seconds"], "CPU seconds")
+    print("wrote", OUT)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ Models: the shipped Q4_1 file read to float32 ("Q4_1"), and the same weights re-
 memory to Q4_0 with the embedding (also the output head) kept in Q8_0, as chapter 19 does
 ("Q4_0"). HellaSwag is scored by both; MMLU by the Q4_1 model in two prompt formats:
 ``lm-eval`` (lm-eval's zero-shot prompt, the letters as answers) and, on the first 100 items,
-``cloze`` (``Question: ...\\nAnswer:`` with each choice's text as the answer). One thread, batches of 8: about 10 minutes on one quiet core. The four parts
-can run as four processes (``--part``), then ``--merge`` joins their files.
+``cloze`` (``Question: ...\\nAnswer:`` with each choice's text as the answer). One thread,
+batches of 8: about 10 CPU minutes in all. The four parts can run as four processes
+(``--part``), then ``--merge`` joins their files.
 """
 
 from __future__ import annotations

@@ -13,8 +13,13 @@ Three kinds of number, scored as the LM Evaluation Harness (lm-eval) scores them
   (:func:`generate_answers`, :func:`extract_last_number`, :func:`extract_choice_letter`).
 
 A mean accuracy on ``n`` items is a measurement with an error: :func:`mean_stderr` (lm-eval's
-``sample std / sqrt(n)``), :func:`bootstrap_interval`, and for two models on the same items
-:func:`mcnemar` and :func:`paired_bootstrap`.
+``sample std / sqrt(n)``), :func:`bootstrap_interval`, for two models on the same items
+:func:`paired_stderr`, :func:`mcnemar` and :func:`paired_bootstrap`, and
+:func:`minimum_detectable_difference` for what ``n`` items can tell apart. A perplexity over
+several texts has one too (:func:`perplexity_stderr`, :func:`bits_per_byte_stderr`).
+
+Contamination, test items that were in the training text, is found as the GPT-3 paper did, by
+shared word n-grams (:func:`word_ngrams`, :func:`contaminated`).
 
 A ``tokenizer`` here is anything with ``encode(text) -> list[int]`` that adds no special
 tokens (:class:`~minitransformer.bpe.BPETokenizer`, or transformers' with
@@ -27,6 +32,7 @@ import math
 import random
 import re
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import NamedTuple
 
 import torch
@@ -498,3 +504,102 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, confidence: floa
     rng, n = random.Random(seed), len(diffs)
     means = [sum(rng.choices(diffs, k=n)) / n for _ in range(num_samples)]
     return (sum(diffs) / n, *_percentiles(means, confidence))
+
+
+def paired_stderr(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """The difference of means ``mean(a) - mean(b)`` of two models' scores on the same items,
+    and its standard error: :func:`mean_stderr` of the per-item differences. It equals
+    ``sqrt(se_a**2 + se_b**2 - 2 cov(a, b) / n)``: items both models find easy or hard
+    (a positive covariance) make it smaller than the unpaired ``sqrt(se_a**2 + se_b**2)``.
+
+    Raises:
+        TypeError, ValueError: lists of other lengths, fewer than 2 items, non-finite values.
+    """
+    a, b = _check_paired(a, b)
+    return mean_stderr([x - y for x, y in zip(a, b)])
+
+
+def minimum_detectable_difference(stderr: float, *, confidence: float = 0.95,
+                                  power: float = 0.8) -> float:
+    """The smallest true difference that a two-sided test at ``confidence`` finds with
+    probability ``power``, when the measured difference has standard error ``stderr``:
+    ``(z_(1 - alpha/2) + z_power) * stderr``, 2.80 standard errors at the defaults.
+
+    For two independent accuracies near ``p`` on ``n`` items each,
+    ``stderr = sqrt(2 p (1 - p) / n)``; for a paired comparison, :func:`paired_stderr`'s.
+
+    Raises:
+        ValueError: a negative ``stderr``, ``confidence`` or ``power`` outside (0, 1).
+    """
+    _checks.check_number("stderr", stderr, low=0)
+    for name, value in (("confidence", confidence), ("power", power)):
+        if not 0 < _checks.check_number(name, value) < 1:
+            raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    normal = NormalDist()
+    return (normal.inv_cdf(1 - (1 - confidence) / 2) + normal.inv_cdf(power)) * stderr
+
+
+def _ratio_stderr(numerators: list[float], denominators: list[float]) -> tuple[float, float]:
+    """``r = sum(x) / sum(y)`` over texts and its standard error by the delta method,
+    ``sqrt(sum((x_i - r y_i)**2) / (n (n - 1))) / mean(y)``: the texts are the independent
+    units, not the tokens, which depend on their neighbours."""
+    n = len(numerators)
+    r = sum(numerators) / sum(denominators)
+    spread = sum((x - r * y) ** 2 for x, y in zip(numerators, denominators))
+    return r, math.sqrt(spread / (n * (n - 1))) / (sum(denominators) / n)
+
+
+def _check_scores(scores: object) -> list[TextScore]:
+    _checks.check_type("scores", scores, (list, tuple), "a list of TextScore")
+    if len(scores) < 2:
+        raise ValueError(f"scores has {len(scores)} text(s): a standard error needs at least 2")
+    for i, score in enumerate(scores):
+        _checks.check_type(f"scores[{i}]", score, TextScore, "a TextScore")
+    return list(scores)
+
+
+def perplexity_stderr(scores: Sequence[TextScore]) -> tuple[float, float]:
+    """The perplexity of several texts scored one by one (``TextScore.combine(scores)``'s)
+    and its standard error: the mean negative log-likelihood per token is a ratio of sums
+    over the texts (:func:`_ratio_stderr`), and ``exp`` carries its error ``s`` over as
+    ``perplexity * s``.
+
+    Raises:
+        TypeError, ValueError: not a list of at least two TextScore.
+    """
+    scores = _check_scores(scores)
+    nll, stderr = _ratio_stderr([s.nll for s in scores], [s.num_tokens for s in scores])
+    return math.exp(nll), math.exp(nll) * stderr
+
+
+def bits_per_byte_stderr(scores: Sequence[TextScore]) -> tuple[float, float]:
+    """The bits per byte of several texts scored one by one and its standard error, as
+    :func:`perplexity_stderr` with bytes for tokens (and bits for nats)."""
+    scores = _check_scores(scores)
+    nll, stderr = _ratio_stderr([s.nll for s in scores], [s.num_bytes for s in scores])
+    return nll / math.log(2), stderr / math.log(2)
+
+
+# --------------------------------------------------------------------------- contamination
+
+def word_ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    """The runs of ``n`` consecutive words of ``text``, lower-cased, punctuation dropped
+    (words are runs of letters and digits), as the GPT-3 paper's overlap check reads text."""
+    _check_text("text", text, empty=True)
+    _checks.check_int("n", n)
+    words = re.findall(r"[^\W_]+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def contaminated(items: Sequence[str], corpus: str, *, n: int = 13) -> list[bool]:
+    """Which test ``items`` share at least one word ``n``-gram with ``corpus`` (the
+    training text): the GPT-3 paper's "dirty" items, with its largest ``n``, 13. An item
+    shorter than ``n`` words can never be found.
+
+    Raises:
+        TypeError, ValueError: items that are not a list of str, a corpus not a str, ``n < 1``.
+    """
+    _checks.check_type("items", items, (list, tuple), "a list of str")
+    seen = word_ngrams(_check_text("corpus", corpus, empty=True), n)
+    return [not seen.isdisjoint(word_ngrams(_check_text(f"items[{i}]", item, empty=True), n))
+            for i, item in enumerate(items)]

@@ -60,6 +60,23 @@ def test_perplexity_of_a_text(model_dir, tmp_path):
     assert written["perplexity"] == pytest.approx(expected.perplexity)
 
 
+def test_perplexity_of_documents_has_standard_errors(model_dir, tmp_path):
+    folder, model, tokenizer = model_dir
+    texts = ["The man walks to the barbell.", "He lifts it over his head, and smiles.",
+             "A woman sits on a roof; it is raining."]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "scores.json"
+    status, _, stderr = run("eval", "--model", folder, "--task", "perplexity", "--data",
+                            tmp_path / "docs.jsonl", "--json", out)
+    assert (status, stderr) == (0, "")
+    scores = [ev.score_text(model, tokenizer, t, prefix_id=756) for t in texts]
+    written = json.loads(out.read_text())
+    assert written["perplexity"] == pytest.approx(ev.TextScore.combine(scores).perplexity)
+    assert written["perplexity_stderr"] == pytest.approx(ev.perplexity_stderr(scores)[1])
+    assert written["bits_per_byte_stderr"] == pytest.approx(ev.bits_per_byte_stderr(scores)[1])
+    assert written["perplexity_stderr"] > 0
+
+
 def test_gsm8k_exact_match(model_dir, tmp_path):
     folder, _, _ = model_dir
     out = tmp_path / "scores.json"

@@ -106,11 +106,15 @@ def _score(model, tokenizer, docs: list[dict], args: argparse.Namespace) -> dict
         if end is None:
             raise CommandLineError(f"--model {args.model}: its tokenizer has no <|endoftext|> "
                                    f"to predict a text's first token after")
-        total = ev.TextScore.combine([
-            ev.score_text(model, tokenizer, d["text"], prefix_id=end, stride=args.stride,
-                          batch_size=args.batch_size) for d in docs])
-        return {"bits_per_byte": total.bits_per_byte, "perplexity": total.perplexity,
-                "tokens": total.num_tokens, "bytes": total.num_bytes}
+        scores = [ev.score_text(model, tokenizer, d["text"], prefix_id=end,
+                                stride=args.stride, batch_size=args.batch_size) for d in docs]
+        total = ev.TextScore.combine(scores)
+        result = {"bits_per_byte": total.bits_per_byte, "perplexity": total.perplexity,
+                  "tokens": total.num_tokens, "bytes": total.num_bytes}
+        if len(scores) > 1:                  # the documents are the independent units
+            result["bits_per_byte_stderr"] = ev.bits_per_byte_stderr(scores)[1]
+            result["perplexity_stderr"] = ev.perplexity_stderr(scores)[1]
+        return result
     if args.task == "gsm8k":
         prompts = [f"Question: {d['question']}\nAnswer:" for d in docs]
         room = model.config.context_length - max(len(tokenizer.encode(p)) for p in prompts)

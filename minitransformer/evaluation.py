@@ -561,7 +561,7 @@ def _check_scores(scores: object) -> list[TextScore]:
 def perplexity_stderr(scores: Sequence[TextScore]) -> tuple[float, float]:
     """The perplexity of several texts scored one by one (``TextScore.combine(scores)``'s)
     and its standard error: the mean negative log-likelihood per token is a ratio of sums
-    over the texts (:func:`_ratio_stderr`), and ``exp`` carries its error ``s`` over as
+    over the texts (``_ratio_stderr``), and ``exp`` carries its error ``s`` over as
     ``perplexity * s``.
 
     Raises:

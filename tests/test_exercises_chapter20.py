@@ -58,10 +58,18 @@ def test_the_references_are_the_package():
     (check_norm_choice, lambda lls, cs: max(range(len(cs)),
                                             key=lambda i: (lls[i] / len(cs[i]), i)),
      "the first index wins"),
+    (check_norm_choice, lambda lls, cs: my_norm_choice(lls, [c.encode() for c in cs]),
+     "not UTF-8 bytes"),
+    (check_norm_choice, lambda lls, cs: my_norm_choice(lls, [c.strip() for c in cs]),
+     "do not strip"),
+    (check_norm_choice, lambda lls, cs: max(ll / len(c) for ll, c in zip(lls, cs)),
+     "not its score"),
     (check_stderr, lambda v: statistics.pstdev(v) / math.sqrt(len(v)), "n - 1, not n"),
     (check_stderr, lambda v: statistics.stdev(v) / len(v), "not over n"),
     (check_stderr, lambda v: statistics.stdev(v), "does not shrink"),
     (check_stderr, lambda v: statistics.variance(v) / len(v), "square root"),
+    (check_stderr, lambda v: math.sqrt(statistics.mean(v) * (1 - statistics.mean(v))
+                                       / (len(v) - 1)), "only for scores of 0 and 1"),
     (check_bits_per_byte, lambda lp, t: -sum(lp) / (math.log(2) * len(t)), "2 bytes"),
     (check_bits_per_byte, lambda lp, t: -sum(lp) / (math.log(2) * len(lp)), "not per token"),
     (check_bits_per_byte, lambda lp, t: -sum(lp) / len(t.encode()), "divide by ln 2"),
@@ -69,6 +77,10 @@ def test_the_references_are_the_package():
      "not multiply"),
     (check_bits_per_byte, lambda lp, t: sum(lp) / (math.log(2) * len(t.encode())),
      "a positive number"),
+    (check_bits_per_byte, lambda lp, t: -sum(lp) / (math.log(10) * len(t.encode())),
+     "not math.log(10)"),
+    (check_bits_per_byte, lambda lp, t: math.exp(-sum(lp) / len(t.encode())),
+     "perplexity per byte"),
 ])
 def test_wrong_answers_fail_with_their_hint(checker, answer, hint):
     verdict = checker.run(answer)

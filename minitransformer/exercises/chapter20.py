@@ -42,7 +42,9 @@ check_norm_choice = Checker(
            ([-6.0, -8.5], ["ab", "abc"]),
            ([-9.0, -10.0], ["a b c", "abcdefgh"]),
            ([-4.0, -4.0, -9.0], ["ab", "cd", "efgh"]),
-           ([-3.0, -2.0, -5.0, -7.0], ["café", "ok", "tea", "water"])],
+           ([-3.0, -2.0, -5.0, -7.0], ["café", "ok", "tea", "water"]),
+           ([-5.0, -4.5], ["déjà vu", "a dream"]),
+           ([-3.0, -1.9], [" yes", "no"])],
     thorough=True,
     match_every_case=True,
     mistakes={
@@ -57,6 +59,13 @@ check_norm_choice = Checker(
             range(len(cs)), key=lambda i: lls[i] / len(cs[i])),
         "on a tie the first index wins (numpy's argmax, which lm-eval uses)":
             lambda lls, cs: _norm_choice(lls, cs, last=True),
+        "the length is in characters, len(choice), not UTF-8 bytes (lm-eval 0.4.13 counts "
+        "characters; 'é' is one character and two bytes)":
+            lambda lls, cs: _norm_choice(lls, cs, length=lambda c: len(c.encode("utf-8"))),
+        "len(choice) counts every character of the choice as given, spaces included: do not "
+        "strip it": lambda lls, cs: _norm_choice(lls, cs, length=lambda c: len(c.strip())),
+        "return the index of the chosen answer (0, 1, ...), not its score":
+            lambda lls, cs: max(ll / len(c) for ll, c in zip(lls, cs)),
     },
 )
 
@@ -85,6 +94,9 @@ check_stderr = Checker(
             len(v)),
         "take the square root: variance / n is the squared standard error":
             lambda v: _stderr(v, root=False),
+        "sqrt(p(1 - p) / (n - 1)) holds only for scores of 0 and 1; the values may be any "
+        "floats: sum the squared deviations from the mean": lambda v: math.sqrt(
+            sum(v) / len(v) * (1 - sum(v) / len(v)) / (len(v) - 1)),
     },
 )
 
@@ -114,5 +126,10 @@ check_bits_per_byte = Checker(
             lambda lp, t: _bits_per_byte(lp, t, base=1 / math.log(2)),
         "the log-probabilities are negative: bits per byte is minus their sum over "
         "(ln 2 * bytes), a positive number": lambda lp, t: _bits_per_byte(lp, t, sign=1.0),
+        "bits are base-2 logarithms: divide by math.log(2), not math.log(10)":
+            lambda lp, t: _bits_per_byte(lp, t, base=math.log(10)),
+        "that is a perplexity per byte, exp(loss per byte); bits per byte stays in the log "
+        "domain: minus the sum over (ln 2 * bytes)":
+            lambda lp, t: math.exp(-sum(lp) / len(t.encode("utf-8"))),
     },
 )

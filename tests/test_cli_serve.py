@@ -320,3 +320,71 @@ def test_sigterm_lets_the_answer_in_flight_finish_then_exits_cleanly(slow_model_
             httpx.get(served.url + "/v1/models", timeout=5)
     finally:
         served.close()
+
+
+def _get(port: int, path: str = "/health") -> tuple[int, dict[str, str], bytes]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def test_while_the_model_loads_every_request_gets_503_starting(model_dir, monkeypatch):
+    """A probe during the load is answered at once (503, Retry-After, {"status": "starting"}),
+    not left in the socket's backlog; after the load the same socket serves (here the app's
+    own /health, through a stand-in for uvicorn's loop)."""
+    import json
+
+    import minitransformer.cli.serve as serve_module
+
+    sockets, during, after = [], [], []
+    listen, load = serve_module.listen, serve_module.load
+
+    def recorded_listen(host, port):
+        sockets.append(listen(host, port))
+        return sockets[-1]
+
+    def probed_load(folder, where):
+        port = sockets[0].getsockname()[1]
+        during.append(_get(port))
+        during.append(_get(port, "/v1/models"))
+        return load(folder, where)
+
+    def one_request(app, sock, uvicorn):      # the socket still listens: a client connects
+        client = socket.create_connection(sock.getsockname()[:2], timeout=5)
+        conn, _ = sock.accept()
+        after.append(conn is not None)
+        conn.close()
+        client.close()
+
+    monkeypatch.setattr(serve_module, "listen", recorded_listen)
+    monkeypatch.setattr(serve_module, "load", probed_load)
+    monkeypatch.setattr(serve_module, "serve", one_request)
+    assert main(["serve", "--model", str(model_dir), "--port", "0", "--device", "cpu"]) == 0
+    for status, headers, body in during:
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert json.loads(body) == {"status": "starting"}
+    assert len(during) == 2 and after == [True]
+
+
+def test_answering_while_loading_stops_and_leaves_the_socket_listening():
+    from minitransformer.cli.serve import answering_while_loading, listen
+
+    sock = listen("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        with answering_while_loading(sock):
+            assert _get(port)[0] == 503
+            assert _get(port, "/anything")[0] == 503
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        ready, _, _ = select.select([sock], [], [], 5)
+        assert ready                                # waits for the real server, unanswered
+        sock.accept()[0].close()
+        client.close()
+    finally:
+        sock.close()

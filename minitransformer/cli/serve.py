@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -108,18 +110,21 @@ def run(args: argparse.Namespace) -> int:
     before = torch.get_num_threads()        # given back: main() may run inside a notebook
     try:
         torch.set_num_threads(threads(args.threads)[0])
-        model, tokenizer = load(folder, where)
-        name = args.name or (folder.resolve().stem if folder.is_file()
-                             else folder.resolve().name)
-        adapters = load_adapters(model, tokenizer, args.lora, name)
-        check_pool_fits(model, args.kv_blocks, where)
-        try:
-            engine = Engine(model.eval(), tokenizer, max_batch=args.max_batch,
-                            kv_blocks=args.kv_blocks, pack_weights=not args.no_pack_weights,
-                            prefix_caching=args.prefix_caching, adapters=adapters)
-        except (RuntimeError, MemoryError) as exc:   # the allocator's refusal
-            raise CommandLineError(f"--kv-blocks {args.kv_blocks}: the KV cache could not be "
-                                   f"allocated ({str(exc).splitlines()[0]})") from None
+        with answering_while_loading(sock):      # a probe meanwhile gets 503, not silence
+            model, tokenizer = load(folder, where)
+            name = args.name or (folder.resolve().stem if folder.is_file()
+                                 else folder.resolve().name)
+            adapters = load_adapters(model, tokenizer, args.lora, name)
+            check_pool_fits(model, args.kv_blocks, where)
+            try:
+                engine = Engine(model.eval(), tokenizer, max_batch=args.max_batch,
+                                kv_blocks=args.kv_blocks,
+                                pack_weights=not args.no_pack_weights,
+                                prefix_caching=args.prefix_caching, adapters=adapters)
+            except (RuntimeError, MemoryError) as exc:   # the allocator's refusal
+                raise CommandLineError(f"--kv-blocks {args.kv_blocks}: the KV cache could "
+                                       f"not be allocated ({str(exc).splitlines()[0]})"
+                                       ) from None
         api_key = args.api_key if args.api_key is not None else os.environ.get(
             API_KEY_VARIABLE) or None
         if args.api_key is not None and not args.api_key.strip():
@@ -184,6 +189,47 @@ def load_adapters(model: torch.nn.Module, tokenizer: BPETokenizer,
                 raise CommandLineError(f"{flag}: its tokenizer differs from the base model's "
                                        f"(another vocabulary): it was trained on another base")
     return adapters
+
+
+#: What every request gets while the model loads (``/health`` included): vLLM and Kubernetes
+#: read a 503 as "not ready yet", where a connection left waiting looks like a hang.
+LOADING_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                 b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 23\r\n\r\n"
+                 b'{"status": "starting"}\n')
+
+
+@contextlib.contextmanager
+def answering_while_loading(sock: socket.socket, *, poll: float = 0.05):
+    """While the body runs (the model loading), a thread answers every connection on the
+    listening ``sock`` with :data:`LOADING_REPLY` and closes it; on exit it stops, and the
+    socket, still listening, goes to uvicorn. A client that connected meanwhile is answered
+    at once instead of waiting in the backlog until the server starts."""
+    done = threading.Event()
+
+    def answer() -> None:
+        while not done.is_set():
+            ready, _, _ = select.select([sock], [], [], poll)
+            if not ready or done.is_set():
+                continue
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, OSError):
+                continue
+            with conn:
+                try:
+                    conn.settimeout(1.0)
+                    conn.recv(65536)                 # the request, read and ignored
+                    conn.sendall(LOADING_REPLY)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=answer, name="answering-while-loading", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def check_pool_fits(model: torch.nn.Module, kv_blocks: int, where: torch.device) -> None:

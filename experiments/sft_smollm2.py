@@ -272,15 +272,15 @@ def in_child(config: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--ranks", type=int, nargs="+", default=[16, 4])
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--train-size", type=int, default=160)
-    parser.add_argument("--held-out", type=int, default=20)
-    parser.add_argument("--general", type=int, default=len(GENERAL))
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--held-out", type=int, default=16)
+    parser.add_argument("--general", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -298,9 +298,21 @@ def main(argv: list[str] | None = None) -> int:
     grid += [{"rank": rank, "mask": True, "seed": seed}
              for rank in args.ranks[1:] for seed in args.seeds]
     began, load = time.time(), os.getloadavg()[0]
+    # each finished run is kept in a side file, so that a stopped experiment goes on from it
+    done_file = args.out.with_suffix(".runs.jsonl")
+    done = {}
+    if done_file.is_file():
+        for line in done_file.read_text(encoding="utf-8").splitlines():
+            run = json.loads(line)
+            done[json.dumps(run["config"], sort_keys=True)] = run
     runs = []
     for config in grid:
-        runs.append(in_child({**common, **config}))
+        key = json.dumps({**common, **config}, sort_keys=True)
+        if key not in done:
+            done[key] = in_child({**common, **config})
+            with open(done_file, "a", encoding="utf-8") as f:
+                f.write(json.dumps(done[key]) + "\n")
+        runs.append(done[key])
         r = runs[-1]
         print(f"rank {config['rank']:2d} mask {config['mask']!s:5} seed {config['seed']}: "
               f"format {r['format']}/{r['held_out']}, right {r['right']}/{r['held_out']}, "
@@ -315,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_prompts": [q for q, _, _ in tests],
         "general_prompts": GENERAL[:args.general],
         "runs": runs,
-        "wall_seconds": round(time.time() - began),
+        "wall_seconds": round(sum(sum(r["seconds"].values()) for r in runs)),
         "load_average": [round(load, 1), round(os.getloadavg()[0], 1)],
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} thread(s)",
     }
@@ -323,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     partial = args.out.with_suffix(".partial")
     partial.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     partial.replace(args.out)
+    done_file.unlink()
     print(f"wrote {args.out} in {results['wall_seconds']} s")
     return 0
 

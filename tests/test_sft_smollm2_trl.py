@@ -123,6 +123,7 @@ def test_loss_equals_trl_sft_trainer(path, tok, their_tok, tmp_path):
     del config.quantization_config
     model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict())
+    model.double()   # float64 on both sides: what is compared is the loss, not the rounding
     args = SFTConfig(output_dir=str(tmp_path / "out"), assistant_only_loss=True, use_cpu=True,
                      report_to=[], save_strategy="no", disable_tqdm=True,
                      per_device_train_batch_size=len(CONVERSATIONS))
@@ -138,5 +139,6 @@ def test_loss_equals_trl_sft_trainer(path, tok, their_tok, tmp_path):
     model.eval()
     with torch.no_grad():
         theirs = trainer.compute_loss(model, dict(batch)).item()
-        ours = sft_loss(Llama.from_gguf(path), tok, CONVERSATIONS).item()
+        ours = sft_loss(Llama.from_gguf(path, dtype=torch.float64), tok,
+                        CONVERSATIONS).item()
     assert abs(ours - theirs) <= 1e-5, (ours, theirs)

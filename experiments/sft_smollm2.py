@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
              for rank in args.ranks[1:] for seed in args.seeds]
     began, load = time.time(), os.getloadavg()[0]
     # each finished run is kept in a side file, so that a stopped experiment goes on from it
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     done_file = args.out.with_suffix(".runs.jsonl")
     done = {}
     if done_file.is_file():
@@ -331,7 +332,6 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": [round(load, 1), round(os.getloadavg()[0], 1)],
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} thread(s)",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = args.out.with_suffix(".partial")
     partial.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     partial.replace(args.out)

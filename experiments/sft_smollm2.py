@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
              for mask in (True, False) for seed in args.seeds]
     grid += [{"rank": rank, "mask": True, "seed": seed}
              for rank in args.ranks[1:] for seed in args.seeds]
-    began, load = time.time(), os.getloadavg()[0]
+    load = os.getloadavg()[0]
     # each finished run is kept in a side file, so that a stopped experiment goes on from it
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done_file = args.out.with_suffix(".runs.jsonl")

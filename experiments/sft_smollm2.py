@@ -270,7 +270,8 @@ def in_child(config: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The flags; their defaults are the full run whose results are stored."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -284,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--one", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     if args.one:
         print(json.dumps(one_run(json.loads(args.one))))
         return 0

@@ -29,6 +29,8 @@ transformers renders it (:func:`render_chat_template`: a sandboxed Jinja environ
 ``trim_blocks``, ``lstrip_blocks``, ``raise_exception``, ``strftime_now``, ``tojson`` and the
 ``{% generation %}`` tag that marks the assistant's tokens), and the text is encoded with its
 special tokens matched whole. Either way content holding a special token's text is refused.
+A template without ``{% generation %}`` gives ids but no mask, unless the package keeps a marked
+twin of it (:func:`training_chat_template`; SmolLM2's is :data:`SMOLLM2_TRAINING_TEMPLATE`).
 :func:`stop_token_ids` gives the tokens that end a reply.
 
 The tokenizer is a :class:`~minitransformer.bpe.BPETokenizer` (its ``special_tokens``,
@@ -78,7 +80,9 @@ def encode_chat(tokenizer: object, messages: Sequence[Mapping[str, str]], *,
     In the course's format, those are the assistant's content and its end-of-turn token. With
     another template, they are the tokens that overlap the text its ``{% generation %}`` ...
     ``{% endgeneration %}`` blocks write, as transformers'
-    ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives.
+    ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives. SmolLM2's template
+    has no such block; its marked twin :data:`SMOLLM2_TRAINING_TEMPLATE` (the same text) is
+    used instead, as TRL does for ``assistant_only_loss=True``.
 
     Args:
         tokenizer: a ``BPETokenizer`` with a ``chat_template``: the course's own (it holds
@@ -93,7 +97,8 @@ def encode_chat(tokenizer: object, messages: Sequence[Mapping[str, str]], *,
         ValueError: no messages, a missing or unknown role or content, another key, a
             tokenizer without a chat template (and without the chat tokens), content holding a
             special token's text, a template that fails (its ``raise_exception`` message), and
-            here, a model's template without ``{% generation %}`` (no mask can be made).
+            here, a model's template without ``{% generation %}`` whose marked twin the
+            package does not have (:func:`training_chat_template`: no mask can be made).
     """
     return _encode(tokenizer, messages, add_generation_prompt, want_mask=True)
 

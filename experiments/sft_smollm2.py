@@ -12,7 +12,8 @@ and after training, for each run:
 
 Runs: LoRA on the attention's four projections at two ranks, with the loss on the assistant's
 tokens (the mask, chapter 16) and on every token, each for two seeds. Each run is a process of
-its own, so that its peak resident memory is its own. Usage::
+its own, so that its memory is its own: resident after loading, and the peaks while training
+and while evaluating (Linux's ``VmHWM``, reset before each). Usage::
 
     python experiments/sft_smollm2.py                   # the full grid (minutes on 2 cores)
     python experiments/sft_smollm2.py --steps 2 --seeds 0 --ranks 4 --held-out 2 \\
@@ -25,6 +26,7 @@ reads.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -224,6 +226,18 @@ def evaluate(model, tokenizer, tests: list, general: list, max_new_tokens: int) 
     }
 
 
+def memory_mb(key: str = "VmHWM", *, reset: bool = False) -> int:
+    """This process's resident memory in MB from ``/proc/self/status``: ``VmRSS`` now, or
+    ``VmHWM``, the peak since the last ``reset`` (Linux clears it on writing 5 to
+    ``/proc/self/clear_refs``)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        kb = int(next(line for line in f if line.startswith(key + ":")).split()[1])
+    if reset:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    return round(kb / 1024)
+
+
 def one_run(config: dict) -> dict:
     """One run in this process: LoRA (unless ``rank`` is 0: the baseline), train, evaluate."""
     torch.set_num_threads(config["threads"])
@@ -234,7 +248,8 @@ def one_run(config: dict) -> dict:
     train_items, tests = make_data(config["train_size"], config["held_out"])
     general = GENERAL[:config["general"]]
     loaded = time.perf_counter()
-    result = {"config": config}
+    gc.collect()
+    result = {"config": config, "loaded_mb": memory_mb("VmRSS")}
     if config["rank"]:
         torch.manual_seed(config["seed"])
         add_lora(model, r=config["rank"], alpha=2.0 * config["rank"], targets=TARGETS)
@@ -248,13 +263,17 @@ def one_run(config: dict) -> dict:
                 yield make(tokenizer, rng.sample(conversations, config["batch_size"]))
 
         model.train()
+        memory_mb(reset=True)
         history = train(model, batches(), steps=config["steps"], lr=config["lr"],
                         warmup_steps=max(1, config["steps"] // 10), weight_decay=0.0,
-                        progress=False)
+                        eval_every=1, progress=False)
+        result["training_peak_mb"] = memory_mb()
         model.eval()
         result["losses"] = [round(x, 4) for x in history.train_losses]
     trained = time.perf_counter()
+    memory_mb(reset=True)
     result.update(evaluate(model, tokenizer, tests, general, config["max_new_tokens"]))
+    result["evaluation_peak_mb"] = memory_mb()
     result["seconds"] = {"load": round(loaded - start, 1), "train": round(trained - loaded, 1),
                          "evaluate": round(time.perf_counter() - trained, 1)}
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

@@ -29,6 +29,8 @@ transformers renders it (:func:`render_chat_template`: a sandboxed Jinja environ
 ``trim_blocks``, ``lstrip_blocks``, ``raise_exception``, ``strftime_now``, ``tojson`` and the
 ``{% generation %}`` tag that marks the assistant's tokens), and the text is encoded with its
 special tokens matched whole. Either way content holding a special token's text is refused.
+A template without ``{% generation %}`` gives ids but no mask, unless the package keeps a marked
+twin of it (:func:`training_chat_template`; SmolLM2's is :data:`SMOLLM2_TRAINING_TEMPLATE`).
 :func:`stop_token_ids` gives the tokens that end a reply.
 
 The tokenizer is a :class:`~minitransformer.bpe.BPETokenizer` (its ``special_tokens``,
@@ -78,7 +80,9 @@ def encode_chat(tokenizer: object, messages: Sequence[Mapping[str, str]], *,
     In the course's format, those are the assistant's content and its end-of-turn token. With
     another template, they are the tokens that overlap the text its ``{% generation %}`` ...
     ``{% endgeneration %}`` blocks write, as transformers'
-    ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives.
+    ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives. SmolLM2's template
+    has no such block; its marked twin :data:`SMOLLM2_TRAINING_TEMPLATE` (the same text) is
+    used instead, as TRL does for ``assistant_only_loss=True``.
 
     Args:
         tokenizer: a ``BPETokenizer`` with a ``chat_template``: the course's own (it holds
@@ -93,7 +97,8 @@ def encode_chat(tokenizer: object, messages: Sequence[Mapping[str, str]], *,
         ValueError: no messages, a missing or unknown role or content, another key, a
             tokenizer without a chat template (and without the chat tokens), content holding a
             special token's text, a template that fails (its ``raise_exception`` message), and
-            here, a model's template without ``{% generation %}`` (no mask can be made).
+            here, a model's template without ``{% generation %}`` whose marked twin the
+            package does not have (:func:`training_chat_template`: no mask can be made).
     """
     return _encode(tokenizer, messages, add_generation_prompt, want_mask=True)
 
@@ -423,13 +428,67 @@ def _has_generation_tag(template: str) -> bool:
     return re.search(r"\{%-?\s*generation\s*-?%\}", template) is not None
 
 
+# ----- training templates: a model's own, with the assistant's tokens marked -------------------
+
+_SMOLLM2_SYSTEM = ("{% if loop.first and messages[0]['role'] != 'system' %}"
+                   "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                   "trained by Hugging Face<|im_end|>\n' }}{% endif %}")
+#: SmolLM2-135M-Instruct's chat template (ChatML with a default system prompt), as its GGUF
+#: file's ``tokenizer.chat_template`` holds it. It has no ``{% generation %}`` block.
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}" + _SMOLLM2_SYSTEM +
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+#: The same text as :data:`SMOLLM2_CHAT_TEMPLATE`, with ``{% generation %}`` ...
+#: ``{% endgeneration %}`` around each assistant's content and the ``<|im_end|>`` that ends
+#: it: the tokens the model writes after the generation prompt ``<|im_start|>assistant\n``.
+#: The line break after ``<|im_end|>`` is left out, as the reply stops at ``<|im_end|>``.
+SMOLLM2_TRAINING_TEMPLATE = (
+    "{% for message in messages %}" + _SMOLLM2_SYSTEM +
+    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+#: A model's chat template -> the same template with the assistant's tokens marked, as TRL's
+#: ``get_training_chat_template`` swaps one in for ``assistant_only_loss=True``.
+TRAINING_TEMPLATES = {SMOLLM2_CHAT_TEMPLATE: SMOLLM2_TRAINING_TEMPLATE}
+
+
+def training_chat_template(template: str) -> str:
+    """``template`` if it marks the assistant's tokens with ``{% generation %}``, else the
+    same template with the marks (:data:`TRAINING_TEMPLATES`: SmolLM2's). It renders the same
+    text. Raises ``ValueError`` for a template without marks that is not in the table."""
+    check_type("template", template, str, "a str (a Jinja template)")
+    if _has_generation_tag(template):
+        return template
+    if template not in TRAINING_TEMPLATES:
+        raise ValueError("the chat template has no {% generation %} block, so it does not say "
+                         "which tokens are the assistant's, and it is not one whose marked "
+                         "version this package knows (SmolLM2's): no assistant mask (add the "
+                         "block around the assistant's content and end-of-turn token, or use "
+                         "apply_chat_template for the ids alone)")
+    return TRAINING_TEMPLATES[template]
+
+
+def pad_token_id(tokenizer: object) -> int:
+    """The id that pads a batch: ``<|pad|>`` in the course's format, else the tokenizer's
+    ``pad_token`` (``<|im_end|>`` for SmolLM2), else its end-of-turn token. Padding sits after
+    a conversation and out of the loss, so its id changes nothing but must be in the
+    vocabulary."""
+    specials, template = _chat_format(tokenizer)
+    if template is None:
+        return specials[PAD]
+    name = getattr(tokenizer, "pad_token", None)
+    return specials[name] if name in specials else end_of_turn_id(tokenizer)
+
+
 def _encode_by_template(tokenizer: object, template: str,
                         messages: Sequence[Mapping[str, str]], add_generation_prompt: bool,
                         want_mask: bool) -> tuple[list[int], list[bool]]:
-    if want_mask and not _has_generation_tag(template):
-        raise ValueError("the chat template has no {% generation %} block, so it does not say "
-                         "which tokens are the assistant's: no assistant mask (use "
-                         "apply_chat_template for the ids alone)")
+    if want_mask:   # SmolLM2's gets its marked twin, the same text (TRL does the same)
+        template = training_chat_template(template)
     roles = {role: name for role in _ROLES
              if (name := getattr(tokenizer, role, None)) is not None}
     text, spans = render_chat_template(template, messages,

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from minitransformer import _checks
 from minitransformer._checks import check_int, check_type
-from minitransformer.chat import PAD, check_chat_tokenizer, encode_chat
+from minitransformer.chat import encode_chat, pad_token_id
 from minitransformer.lm import IGNORE_INDEX
 
 
@@ -52,11 +52,13 @@ def sft_batch(tokenizer: object, conversations: Sequence[Sequence[Mapping[str, s
               device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """A batch for ``model(idx, targets)``: each conversation's ids without their last token,
     and its :func:`sft_labels` without their first (the next token of each position), padded
-    on the right with ``<|pad|>`` and ``-100``. Causal attention keeps padding on the right
-    out of every real position's view, so no attention mask is needed.
+    on the right with :func:`~minitransformer.chat.pad_token_id` (``<|pad|>``) and ``-100``.
+    Causal attention keeps padding on the right out of every real position's view, so no
+    attention mask is needed.
 
     Args:
-        tokenizer: a ``BPETokenizer`` with the chat format.
+        tokenizer: a ``BPETokenizer`` with the chat format: the course's, or a model's
+            template with ``{% generation %}`` marks (SmolLM2's gets them).
         conversations: lists of messages, at least one.
         context_length: refuse a conversation whose ``idx`` would be longer (the model's).
         device: where the tensors go (default the CPU).
@@ -70,7 +72,7 @@ def sft_batch(tokenizer: object, conversations: Sequence[Sequence[Mapping[str, s
             conversation; no conversations, a conversation longer than ``context_length`` or
             without an assistant token (nothing to learn).
     """
-    specials = check_chat_tokenizer(tokenizer)
+    pad = pad_token_id(tokenizer)
     if isinstance(conversations, (str, bytes, Mapping)) or not isinstance(conversations,
                                                                           Sequence):
         raise TypeError(f"conversations must be a list of conversations (lists of messages), "
@@ -93,7 +95,6 @@ def sft_batch(tokenizer: object, conversations: Sequence[Sequence[Mapping[str, s
         labels = sft_labels(ids, mask)
         rows.append((ids[:-1], labels[1:]))  # the shift: position t predicts token t + 1
     length = max(len(idx) for idx, _ in rows)
-    pad = specials[PAD]
     idx = torch.tensor([i + [pad] * (length - len(i)) for i, _ in rows], device=device)
     targets = torch.tensor([t + [IGNORE_INDEX] * (length - len(t)) for _, t in rows],
                            device=device)

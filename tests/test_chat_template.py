@@ -173,9 +173,13 @@ def gguf_metadata_of(tokenizer):
 
 def test_a_template_without_generation_gives_ids_but_no_mask(ours):
     messages = [{"role": "user", "content": "Hi"}]
+    other = copy.copy(ours)     # a template this package has no marked twin for
+    other._chat_template = "{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}"
     with pytest.raises(ValueError, match=r"no \{% generation %\} block.*apply_chat_template"):
-        encode_chat(ours, messages)
-    assert apply_chat_template(ours, messages)
+        encode_chat(other, messages)
+    assert apply_chat_template(other, messages)
+    # SmolLM2's own gets its marked twin (tests/test_sft_smollm2_trl.py): the same ids
+    assert encode_chat(ours, messages)[0] == apply_chat_template(ours, messages)
 
 
 def test_stop_tokens(ours):

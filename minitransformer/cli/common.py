@@ -310,10 +310,14 @@ def load_model(path: str | None, where: torch.device) -> tuple[torch.nn.Module, 
     adapter = folder / ADAPTER_CONFIG_FILE
     if adapter.is_file() and not (folder / "config.json").is_file():
         base = checkpoints.read_json(adapter).get("base_model_name_or_path")
-        if not isinstance(base, str) or not Path(base).is_dir():
+        if isinstance(base, str) and Path(base).is_file() and base.endswith(".gguf"):
+            from minitransformer.llama import Llama
+            model = Llama.from_gguf(base, device=where)   # finetune --model smollm2's
+        elif not isinstance(base, str) or not Path(base).is_dir():
             raise CommandLineError(f"{adapter}: its base model {base!r} is not a directory "
-                                   f"here")
-        model = model_class(Path(base)).from_pretrained(base, device=where)
+                                   f"or .gguf file here")
+        else:
+            model = model_class(Path(base)).from_pretrained(base, device=where)
         load_adapter(model, folder)
     elif (folder / "config.json").is_file():
         model = model_class(folder).from_pretrained(folder, device=where)
@@ -507,14 +511,66 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+#: ``--model`` words that name a model in the cache rather than a path
+MODEL_NAMES = {"smollm2": "smollm2_path"}
+
+
+def model_path(text: str) -> str:
+    """``--model`` as an absolute path: a path that exists as it is given, else one of
+    :data:`MODEL_NAMES` (``smollm2``: SmolLM2-135M-Instruct's GGUF file in the cache, never the
+    network), else the path as given (refused later by what reads it)."""
+    if not os.path.exists(text) and text in MODEL_NAMES:
+        from minitransformer import pretrained
+        try:
+            return str(getattr(pretrained, MODEL_NAMES[text])())
+        except FileNotFoundError as exc:
+            raise CommandLineError(f"--model {text}: {exc}") from None
+    return os.path.abspath(text)
+
+
+def model_sha256(path: str) -> str:
+    """The SHA-256 of ``--model``'s weights (a directory's ``model.safetensors`` or the
+    ``.gguf`` file), for a resumed LoRA run to check its base; empty when there is none."""
+    file = Path(path)
+    file = file if file.suffix == ".gguf" else file / "model.safetensors"
+    return file_sha256(file) if file.is_file() else ""
+
+
+def check_chat_format(tokenizer, model: str) -> None:
+    """Refuse ``--model`` unless its tokenizer has a chat format that says which tokens are the
+    assistant's: the course's chat tokens, or a template with ``{% generation %}`` marks or
+    one whose marked twin the package has (SmolLM2's)."""
+    from minitransformer.chat import has_chat_tokens, jinja_chat_template, training_chat_template
+
+    template = tokenizer.chat_template
+    if template is None or (has_chat_tokens(tokenizer.special_tokens)
+                            and template == jinja_chat_template(list(tokenizer.special_tokens))):
+        chat_tokens_of(tokenizer, model)
+        return
+    try:
+        training_chat_template(template)
+    except ValueError as exc:
+        raise CommandLineError(f"--model {model}: {exc}") from None
+
+
 def load_chat_model(path: str, device: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
-    """The model and tokenizer of ``--model``, refused by name without the chat format."""
+    """The model and tokenizer of ``--model`` (a model directory or a llama.cpp ``.gguf``
+    file such as SmolLM2's), refused by name without a chat format that marks the assistant's
+    tokens."""
     from minitransformer.bpe import BPETokenizer
     from minitransformer.lora import ADAPTER_CONFIG_FILE
 
     folder = Path(path)
+    if folder.is_file() and folder.suffix == ".gguf":
+        from minitransformer.llama import Llama
+        try:
+            tokenizer = BPETokenizer.from_gguf(folder)
+            check_chat_format(tokenizer, path)
+            return Llama.from_gguf(folder, device=device), tokenizer
+        except ValueError as exc:
+            raise CommandLineError(f"--model {path}: {exc}") from None
     if not folder.is_dir():
-        raise CommandLineError(f"--model {path}: no such directory")
+        raise CommandLineError(f"--model {path}: no such directory or .gguf file")
     if (folder / ADAPTER_CONFIG_FILE).is_file() and not (folder / "config.json").is_file():
         raise CommandLineError(f"--model {path} is a LoRA adapter, not a model: "
                                f"start from its merged model ({folder / 'merged'}, written by "
@@ -523,7 +579,8 @@ def load_chat_model(path: str, device: torch.device) -> tuple[torch.nn.Module, B
         raise CommandLineError(f"--model {path} is not a model directory: it has no "
                                f"config.json (train, finetune and dpo write one)")
     tokenizer = BPETokenizer.from_pretrained(folder)
-    specials = chat_tokens_of(tokenizer, path)
+    check_chat_format(tokenizer, path)
+    specials = tokenizer.special_tokens
     model = model_class(folder).from_pretrained(folder, device=device)
     if max(specials.values()) >= model.config.vocab_size:
         raise CommandLineError(f"--model {path}: its tokenizer's ids reach "
@@ -591,14 +648,16 @@ def tune_settings(settings: type[TuneSettings], command: str, args: argparse.Nam
                   out: Path, check_state, *, write: bool = True,
                   check_values=None) -> tuple[TuneSettings, dict | None]:
     """The run's ``settings`` and, with ``--resume``, the checkpoint to continue
-    (:func:`resumed_run`): ``(settings, resumed)``. A new run needs ``--model`` and ``--data``
-    (made absolute), has its flags checked by ``check_values(given)`` and a new ``--out``
-    (:func:`check_new_out`, files removed only where ``write``)."""
+    (:func:`resumed_run`): ``(settings, resumed)``. A new run needs ``--model`` (a path made
+    absolute, or a name of :data:`MODEL_NAMES`) and ``--data`` (made absolute), has its flags
+    checked by ``check_values(given)`` and a new ``--out`` (:func:`check_new_out`, files
+    removed only where ``write``)."""
     given = {f.name: getattr(args, f.name) for f in fields(settings)
              if getattr(args, f.name, None) is not None}
-    for key in ("model", "data"):
-        if key in given:
-            given[key] = os.path.abspath(given[key])
+    if "model" in given:
+        given["model"] = model_path(given["model"])       # smollm2: the cached GGUF file
+    if "data" in given:
+        given["data"] = os.path.abspath(given["data"])
     if not args.resume:
         for key in ("model", "data"):
             if key not in given:

@@ -37,11 +37,11 @@ from minitransformer.cli.common import (
     add_schedule_flags,
     defaults_epilog,
     distributed,
-    file_sha256,
     in_processes,
     load_chat_model,
     mean_over_ranks,
     model_class,
+    model_sha256,
     read_json_lines,
     restore_checkpoint,
     save_checkpoint,
@@ -93,7 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        logged="the training losses printed")
     add_lora_flags(parser, targets=LORA_TARGETS, rank="--out is then a PEFT adapter")
     add_model_flags(parser, "a directory written by train (its tokenizer has the chat "
-                    "tokens)", threads="CPU threads per process (as for train)")
+                    "tokens), a .gguf file, or smollm2 (SmolLM2-135M-Instruct from the cache, "
+                    "with its own chat template)", metavar="MODEL",
+                    threads="CPU threads per process (as for train)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -222,6 +224,13 @@ def _load_adapter_weights(model: nn.Module, folder: Path) -> None:
                 getattr(layer, f"lora_{part}").weight.copy_(tensors[key])
 
 
+def _token_ids(tokenizer: BPETokenizer) -> dict:
+    """``bos_token_id`` and ``eos_token_id`` for ``config.json`` (SmolLM2's 1 and 2: transformers'
+    ``generate`` stops at the end of a turn)."""
+    names = {"bos_token_id": tokenizer.bos_token, "eos_token_id": tokenizer.eos_token}
+    return {k: tokenizer.special_tokens.get(v) for k, v in names.items()}
+
+
 def _write_merged(out: Path, model: nn.Module, tokenizer: BPETokenizer) -> Path:
     """``out/merged/``: the LoRA layers folded into a copy of the model, written as a plain
     model directory, under a temporary name first, then renamed."""
@@ -229,7 +238,7 @@ def _write_merged(out: Path, model: nn.Module, tokenizer: BPETokenizer) -> Path:
     tmp, final = out / (MERGED + ".tmp"), out / MERGED
     if tmp.exists():
         shutil.rmtree(tmp)
-    merged.save_pretrained(tmp)
+    merged.save_pretrained(tmp, **_token_ids(tokenizer))
     tokenizer.save_pretrained(tmp)
     if final.exists():          # this command's own, from an earlier --merge
         shutil.rmtree(final)
@@ -266,8 +275,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         tokenizer = BPETokenizer.from_pretrained(resumed["folder"])
     else:
         model, tokenizer = load_chat_model(s.model, procs.device)
-    base_sha256 = (file_sha256(Path(s.model) / "model.safetensors")
-                   if (Path(s.model) / "model.safetensors").is_file() else "")
+    base_sha256 = model_sha256(s.model)
     if lora:
         if resumed and base_sha256 != resumed["state"].get("model_sha256"):
             raise CommandLineError(f"--model {s.model} changed since the run began (its "
@@ -307,7 +315,7 @@ def _run(args: argparse.Namespace, procs: Processes) -> int:
         if lora:
             save_adapter(model, folder, base_model_name_or_path=s.model)
         else:
-            model.save_pretrained(folder)
+            model.save_pretrained(folder, **_token_ids(tokenizer))
         tokenizer.save_pretrained(folder)
 
     def after_step(loop: TrainingLoop) -> None:

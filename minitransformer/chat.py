@@ -179,6 +179,17 @@ def end_of_turn_id(tokenizer: object) -> int:
     return specials[name]
 
 
+def pad_id(tokenizer: object) -> int:
+    """The id that pads a batch on the right: ``<|pad|>`` in the course's format, else the
+    tokenizer's ``pad_token`` (SmolLM2's is ``<|im_end|>``), else :func:`end_of_turn_id`.
+    Padding is never scored, so any id would do; these are the ones TRL uses."""
+    specials, template = _chat_format(tokenizer)
+    if template is None:
+        return specials[PAD]
+    name = getattr(tokenizer, "pad_token", None)
+    return specials[name] if name in specials else end_of_turn_id(tokenizer)
+
+
 def stop_token_ids(tokenizer: object) -> list[int]:
     """The ids that end a reply: :func:`end_of_turn_id` first, then every other special token
     in id order (a turn's marker, ``<|endoftext|>``: no reply holds one, as contents may not)."""

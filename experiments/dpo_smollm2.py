@@ -13,8 +13,9 @@ prompts it measures, before and after:
   rejected one's (TRL's ``rewards/accuracies``; 0 before training, where every reward is 0);
 - the implicit reward margin, ``beta * (chosen log-ratio - rejected log-ratio)``;
 - the KL to the reference, summed over the answers' tokens (exact, over the vocabulary);
-- the behaviour: the greedy reply's length in words, and the share of replies that stop
-  (end of turn) after one sentence.
+- the behaviour: the probability of ending the turn right after the first sentence (what a
+  sampled reply does), the greedy reply's length in words, and the share of greedy replies
+  that stop (end of turn) after one sentence.
 
     python experiments/dpo_smollm2.py                  # the stored results, every setting
     python experiments/dpo_smollm2.py --steps 2 --seeds 0 --betas 0.1 --held-out 4 --out /tmp/d.json
@@ -105,11 +106,24 @@ def make_pairs(rows: list[dict], replies: list[tuple[str, bool]]) -> list[dict]:
     return pairs
 
 
+def stop_probability(logits: torch.Tensor, targets: torch.Tensor, end: int) -> float:
+    """The mean probability of ending the turn right after the first sentence: at the
+    chosen rows' first scored end of turn. ``(2B, T, V)``, ``(2B, T)`` -> a float."""
+    chosen, chosen_targets = logits[:len(logits) // 2], targets[:len(targets) // 2]
+    probs = []
+    for row, target in zip(chosen, chosen_targets):
+        where = int((target == end).nonzero()[0])
+        probs.append(row[where].softmax(-1)[end].item())
+    return sum(probs) / len(probs)
+
+
 def measure(policy: Llama, reference: Llama, tokenizer: BPETokenizer, pairs: list[dict], *,
             beta: float) -> dict:
-    """Held-out preference accuracy, mean implicit reward margin and mean KL to the
-    reference (per answer, over chosen and rejected answers)."""
+    """Held-out preference accuracy, mean implicit reward margin, mean KL to the reference
+    (per answer, over chosen and rejected answers) and the probability of stopping after the
+    first sentence, the policy's and the reference's."""
     idx, targets = dpo_batch(tokenizer, pairs)
+    end = end_of_turn_id(tokenizer)
     with torch.no_grad():
         logits, ref_logits = policy(idx)[0], reference(idx)[0]
         rewards = implicit_rewards(sequence_log_probs(logits, targets),
@@ -117,7 +131,9 @@ def measure(policy: Llama, reference: Llama, tokenizer: BPETokenizer, pairs: lis
         chosen, rejected = rewards.chunk(2)
         kl = kl_estimate(logits, ref_logits, targets)
     return {"preference_accuracy": preference_accuracy(chosen, rejected),
-            "margin": (chosen - rejected).mean().item(), "kl": kl.mean().item()}
+            "margin": (chosen - rejected).mean().item(), "kl": kl.mean().item(),
+            "stop_probability": stop_probability(logits, targets, end),
+            "reference_stop_probability": stop_probability(ref_logits, targets, end)}
 
 
 def run(base: Llama, tokenizer: BPETokenizer, train_pairs: list[dict], held_out: list[dict],
@@ -142,13 +158,15 @@ def summarise(before: dict, runs: list[dict]) -> dict:
     for beta in sorted({r["beta"] for r in runs}):
         mine = [r["after"] for r in runs if r["beta"] == beta]
         entry = {}
-        for key in ("preference_accuracy", "margin", "kl", "words", "one_sentence_rate"):
+        for key in ("preference_accuracy", "margin", "kl", "stop_probability", "words",
+                    "one_sentence_rate"):
             values = [m[key] for m in mine]
             entry[key] = {"before": before.get(key), "after": values,
                           "spread": max(values) - min(values)}
-        rate = entry["one_sentence_rate"]
-        rate["gain"] = sum(rate["after"]) / len(rate["after"]) - before["one_sentence_rate"]
-        rate["gain_exceeds_spread"] = rate["gain"] > rate["spread"]
+        for key in ("one_sentence_rate", "stop_probability"):
+            rate = entry[key]
+            rate["gain"] = sum(rate["after"]) / len(rate["after"]) - before[key]
+            rate["gain_exceeds_spread"] = rate["gain"] > rate["spread"]
         out[str(beta)] = entry
     return out
 
@@ -161,7 +179,8 @@ def write(out: Path, results: dict) -> None:
     partial.replace(out)
 
 
-def main(argv: list[str] | None = None) -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line; its defaults are the settings of the stored results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -169,10 +188,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--held-out", type=int, default=12, help="prompts held out")
     parser.add_argument("--prompts", type=int, default=40, help="prompts in all")
     parser.add_argument("--batch-size", type=int, default=2, help="pairs a step")
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("experiments/results/dpo_smollm2.json"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments().parse_args(argv)
     torch.set_num_threads(args.threads)
     began, load = time.perf_counter(), os.getloadavg()[0]
     path = smollm2_path()
@@ -186,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     train_pairs = make_pairs(train_rows, replies[args.held_out:])
     before = behaviour(replies[:args.held_out])
     before.update(preference_accuracy=0.0, margin=0.0, kl=0.0)  # the policy is the reference
+    before["stop_probability"] = measure(base, base, tokenizer, held_out,
+                                         beta=1.0)["stop_probability"]
     print(f"{len(train_pairs)} training pairs, {len(held_out)} held out; before: "
           f"{before['words']:.1f} words, one sentence {before['one_sentence_rate']:.2f}",
           flush=True)

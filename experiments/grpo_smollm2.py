@@ -168,7 +168,8 @@ def write(out: Path, results: dict) -> None:
     partial.replace(out)
 
 
-def main(argv: list[str] | None = None) -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line; its defaults are the settings of the stored results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -178,7 +179,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("experiments/results/grpo_smollm2.json"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments().parse_args(argv)
     torch.set_num_threads(args.threads)
     began, load = time.perf_counter(), os.getloadavg()[0]
     path = smollm2_path()

@@ -6,16 +6,23 @@ against TRL 1.16 on the same GGUF file, read by transformers
   by SmolLM2's ChatML template, and plain pairs, to which TRL adds ``<|im_end|>``) equals
   :class:`~minitransformer.preferences.DPO` on :func:`dpo_batch`, and so do the gradients of
   all 272 tensors, within 1e-5. The policy is SmolLM2 with its norms perturbed (the same
-  perturbation on both sides), so the loss is not the trivial ln 2.
+  perturbation on both sides), so the loss is not the trivial ln 2. One difference is taken
+  out: transformers gives the padding token's embedding row (``<|im_end|>``, which SmolLM2
+  pads with) no gradient where it is an input (``nn.Embedding(padding_idx=2)``); the
+  package trains it, as it trains every row. And transformers' rotary angles are computed in
+  float64 here, as ours are in a float64 model (transformers computes them in float32).
 - GRPO: ``GRPOTrainer._compute_loss`` (what ``compute_loss`` calls) is given the inputs its
   generation step would build for fixed completions (prompt and completion ids and masks,
   advantages, old and reference log-probabilities), and equals
   :func:`~minitransformer.grpo.grpo_loss` on the package's log-probabilities.
 
-``bf16=False`` everywhere: TRL's configs default to ``bfloat16`` autocast. Sequences are short,
-so each test runs in seconds on one thread.
+Both sides run in float64 (``bf16=False``: TRL's configs default to ``bfloat16`` autocast): what
+is compared is the algorithm, not the rounding of 30 layers of float32 sums, which moves the
+tied embedding's gradient by more than 1e-5. Sequences are short, so each test takes seconds
+on a quiet machine.
 """
 
+import copy
 import math
 import os
 
@@ -84,12 +91,48 @@ def perturb_norms(model: Llama) -> Llama:
     return model
 
 
-def theirs_from_ours(model: Llama, path):
-    """transformers' model from the GGUF file, its weights replaced by ``model``'s."""
+@pytest.fixture(scope="module")
+def loaded(path):
+    """transformers' model read from the GGUF file (once: dequantising takes seconds)."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                              dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                dtype=torch.float32)
+
+
+def test_transformers_reads_the_weights_we_read(path, loaded):
+    ours = Llama.from_gguf(path)
+    state = pretrained.to_theirs(ours.state_dict(), llama_names(ours.config),
+                                 ours.config.num_layers)
+    theirs = loaded.state_dict()
+    for name, tensor in state.items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
+def theirs_from_ours(model: Llama, loaded):
+    """transformers' Llama of the GGUF file's config, holding ``model``'s weights. A model read
+    from GGUF counts as quantised, which TRL's trainers refuse: the config without its
+    ``quantization_config`` builds a plain one."""
+    config = copy.deepcopy(loaded.config)
+    del config.quantization_config
+    hf = type(loaded)(config).double()
+    # transformers builds the embedding with padding_idx = the pad token, which for SmolLM2 is
+    # <|im_end|> (id 2): its row then gets no gradient from where it is an input, though every
+    # reply ends with it. Ours trains it; without the padding_idx the two gradients are equal.
+    assert hf.model.embed_tokens.padding_idx == 2
+    hf.model.embed_tokens.padding_idx = None
+    # and it computes the rotary angles in float32 whatever the model's dtype; ours, in float64
+    # for a float64 model. The same angles on both sides, so that 1e-5 measures the algorithm.
+    head_dim = model.config.d_model // model.config.num_heads
+    inv = model.config.rope_theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float64)
+                                       / head_dim)
+
+    def rotary(x, position_ids):
+        angles = position_ids[..., None].double() * inv                  # (B, T, d/2)
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    hf.model.rotary_emb.forward = rotary
     state = pretrained.to_theirs(model.state_dict(), llama_names(model.config),
                                  model.config.num_layers)
     missing, unexpected = hf.load_state_dict(state, strict=False)
@@ -105,20 +148,22 @@ def assert_gradients_equal(ours: Llama, theirs) -> None:
     their_grads = dict(theirs.named_parameters())
     assert len(mine) == 272
     for name, grad in mine.items():
-        torch.testing.assert_close(grad, their_grads[name].grad, atol=1e-5, rtol=0, msg=name)
+        torch.testing.assert_close(grad, their_grads[name].grad, atol=1e-5, rtol=0,
+                                   msg=lambda m, name=name: f"{name}: {m}")
     assert max(g.abs().max().item() for g in mine.values()) > 1e-3    # not all zero
 
 
 @pytest.mark.parametrize("data", ["conversational", "plain"])
-def test_dpo_loss_and_gradients_equal_trl_on_smollm2(path, tok, their_tok, tmp_path, data):
+def test_dpo_loss_and_gradients_equal_trl_on_smollm2(path, tok, their_tok, loaded, tmp_path,
+                                                     data):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
     pairs, beta = DATA[data], 0.5
-    reference = Llama.from_gguf(path)
-    policy = perturb_norms(Llama.from_gguf(path))
-    their_policy = theirs_from_ours(policy, path)
-    their_ref = theirs_from_ours(reference, path)
+    reference = Llama.from_gguf(path, dtype=torch.float64)
+    policy = perturb_norms(Llama.from_gguf(path, dtype=torch.float64))
+    their_policy = theirs_from_ours(policy, loaded)
+    their_ref = theirs_from_ours(reference, loaded)
     args = DPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[],
                      save_strategy="no", disable_tqdm=True, beta=beta, bf16=False,
                      per_device_train_batch_size=len(pairs))
@@ -163,20 +208,21 @@ def grpo_case(path, tok):
     assert len(prompts[0]) == len(prompts[1])
     end = end_of_turn_id(tok)
     completions = [tok.encode(text) + [end] for group in REPLIES for text in group]
-    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 1.0, 1.0, 0.0, 0.0])
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
     return prompts, completions, rewards
 
 
 @pytest.mark.parametrize("loss_type, beta", [("grpo", 0.0), ("dapo", 0.04)])
-def test_grpo_loss_equals_trl_on_smollm2_fixed_completions(path, tok, their_tok, grpo_case,
-                                                           tmp_path, loss_type, beta):
+def test_grpo_loss_equals_trl_on_smollm2_fixed_completions(path, tok, their_tok, loaded,
+                                                           grpo_case, tmp_path, loss_type,
+                                                           beta):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     prompts, completions, rewards = grpo_case
     group_size = 4
-    model = perturb_norms(Llama.from_gguf(path))
-    hf = theirs_from_ours(model, path).eval()
+    model = perturb_norms(Llama.from_gguf(path, dtype=torch.float64))
+    hf = theirs_from_ours(model, loaded).eval()
     advantages = group_advantages(rewards, group_size)
     idx, targets = completion_batch(prompts, completions)
     start = len(prompts[0]) - 1
@@ -184,7 +230,7 @@ def test_grpo_loss_equals_trl_on_smollm2_fixed_completions(path, tok, their_tok,
     mask = targets[:, start:] != -100
     length = mask.shape[1]
     g = torch.Generator().manual_seed(1)
-    noise = 0.3 * torch.randn((2, *log_probs.shape), generator=g)
+    noise = 0.3 * torch.randn((2, *log_probs.shape), generator=g, dtype=torch.float64)
     old = (log_probs.detach() + noise[0]).masked_fill(~mask, 0)
     ref = (log_probs.detach() + noise[1]).masked_fill(~mask, 0)
     ours = grpo_loss(log_probs, old, advantages, mask, epsilon=0.2, beta=beta,

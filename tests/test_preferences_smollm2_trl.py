@@ -153,16 +153,17 @@ def theirs_from_ours(model: Llama, loaded):
     return hf
 
 
-def assert_gradients_equal(ours: Llama, theirs, *, embedding_rtol: float = 0.0) -> None:
-    """Every one of the 272 gradients, under transformers' names, within 1e-5 (the token
-    embedding's also within ``embedding_rtol`` of its size)."""
+def assert_gradients_equal(ours: Llama, theirs, *, rtol: float = 0.0,
+                           embedding_rtol: float = 0.0) -> None:
+    """Every one of the 272 gradients, under transformers' names, within 1e-5 and ``rtol``
+    of their size (the token embedding's within ``embedding_rtol``)."""
     grads = {n: p.grad for n, p in ours.named_parameters()}
     mine = pretrained.to_theirs(grads, llama_names(ours.config), ours.config.num_layers)
     their_grads = dict(theirs.named_parameters())
     assert len(mine) == 272
     for name, grad in mine.items():
-        rtol = embedding_rtol if name == "model.embed_tokens.weight" else 0.0
-        torch.testing.assert_close(grad, their_grads[name].grad, atol=1e-5, rtol=rtol,
+        relative = embedding_rtol if name == "model.embed_tokens.weight" else rtol
+        torch.testing.assert_close(grad, their_grads[name].grad, atol=1e-5, rtol=relative,
                                    msg=lambda m, name=name: f"{name}: {m}")
     assert max(g.abs().max().item() for g in mine.values()) > 1e-3    # not all zero
 
@@ -204,11 +205,13 @@ def test_dpo_loss_and_gradients_equal_trl_on_smollm2(path, tok, their_tok, loade
     assert abs(ours.item() - math.log(2)) > 1e-2          # the policy is not the reference
     assert dpo.metrics["margin"] == pytest.approx(logged["rewards/margins"], abs=1e-5)
 
-    # Plain prompts have no <|im_start|> before them: the embedding rows of their first tokens
-    # differ from transformers' by up to 3e-5 (1e-3 of their size), a difference not traced
-    # further; every other gradient is within 1e-5.
-    assert_gradients_equal(policy, their_policy,
-                           embedding_rtol=2e-3 if data == "plain" else 0.0)
+    # Plain prompts have no <|im_start|> before them, and their gradients are larger (up to
+    # about 2): they differ from transformers' by up to 1e-5 of their size, and in the
+    # embedding rows of the prompts' first tokens by up to 1e-3 (3e-5), a difference not
+    # traced further. The conversational pairs' gradients are all within 1e-5.
+    plain = data == "plain"
+    assert_gradients_equal(policy, their_policy, rtol=1e-4 if plain else 0.0,
+                           embedding_rtol=2e-3 if plain else 0.0)
 
 
 # ----- GRPO -------------------------------------------------------------------------------

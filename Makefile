@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 # Written after a successful install; older than requirements.txt or pyproject.toml means reinstall.
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test unit bench lab execute clean help corpus test-gpu gpu-wheels smollm2 llama-cpp
+.PHONY: book test unit bench lab execute clean help corpus test-gpu gpu-wheels smollm2 llama-cpp \
+	experiments
 
 help:
 	@echo "make book     build the HTML book into _build/html (creates .venv on first use)"
@@ -16,6 +17,7 @@ help:
 	@echo "make smollm2  download the real model (SmolLM2-135M-Instruct, GGUF, 98 MB) once; book and test do"
 	@echo "make llama-cpp  build llama.cpp's Python binding once into the cache (a test and benchmark reference)"
 	@echo "make bench    run every benchmark in benchmarks/ and print its ratios against PyTorch"
+	@echo "make experiments  run every experiment in experiments/ at its full settings (slow; not in test)"
 	@echo "make lab      open the notebooks in JupyterLab with minitransformer importable"
 	@echo "make execute  re-execute every chapter in place (after a package change)"
 
@@ -95,6 +97,16 @@ bench: $(STAMP)
 	@uptime
 	@for script in benchmarks/*.py; do \
 		echo "== $$script"; $(BIN)/python $$script || exit 1; \
+	done
+
+# The chapters' real-model experiments (experiments/README.md): each script at its default
+# settings, one at a time (they share the cores), writing experiments/results/<name>.json, which
+# the chapters read. Not part of `make test`: together they take the better part of an hour on
+# 2 cores.
+experiments: $(STAMP) $(SMOLLM2)
+	@uptime
+	@for script in experiments/*.py; do \
+		echo "== $$script"; OMP_NUM_THREADS=1 PYTHONPATH=. $(BIN)/python $$script || exit 1; \
 	done
 
 # Jupyter refuses to run as root without --allow-root (containers often run as root).

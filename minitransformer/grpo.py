@@ -608,9 +608,9 @@ def chat_prompts(tokenizer: object, rows: Sequence[Mapping[str, object]]) -> lis
 
 def chat_replies(tokenizer: object, completions: Sequence[Sequence[int]]) -> list[str]:
     """The text of each completion, without the end-of-turn token that closes it."""
-    from minitransformer.chat import END_OF_TURN, check_chat_tokenizer
+    from minitransformer.chat import end_of_turn_id
 
-    end = check_chat_tokenizer(tokenizer)[END_OF_TURN]
+    end = end_of_turn_id(tokenizer)
     return [tokenizer.decode([t for t in ids if t != end]) for ids in completions]
 
 
@@ -665,9 +665,9 @@ def mean_reward(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str,
     """The mean reward of the model's replies to ``rows``' prompts: greedy by default (with
     :func:`~minitransformer.data.reward_exact`, the held-out accuracy), or ``samples`` replies
     each drawn at ``temperature`` (the accuracy of a sampled reply)."""
-    from minitransformer.chat import END_OF_TURN, check_chat_tokenizer
+    from minitransformer.chat import end_of_turn_id
 
-    end = check_chat_tokenizer(tokenizer)[END_OF_TURN]
+    end = end_of_turn_id(tokenizer)
     ids = chat_prompts(tokenizer, rows)
     completions = sample_group(model, ids, samples, max_new_tokens, temperature=temperature,
                                eos_id=end, generator=generator)
@@ -703,7 +703,7 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
         one dict per step, :func:`grpo_step`'s with ``"step"`` (and ``"held_out"``), after
         ``{"step": 0, "held_out": ...}`` with ``eval_rows``.
     """
-    from minitransformer.chat import END_OF_TURN, check_chat_tokenizer
+    from minitransformer.chat import end_of_turn_id
     from minitransformer.training import SCHEDULES, TrainingLoop
 
     _checks.check_int("steps", steps)
@@ -721,7 +721,7 @@ def grpo_train(model: nn.Module, tokenizer: object, rows: Sequence[Mapping[str, 
         "max_grad_norm", max_grad_norm, positive=True)
     if not rows:
         raise ValueError("rows is empty: there is no prompt to learn from")
-    eos = check_chat_tokenizer(tokenizer)[END_OF_TURN]
+    eos = end_of_turn_id(tokenizer)
     funcs = _check_reward_funcs(reward_funcs)
     scorer = eval_reward or funcs[0]
     objective = GRPO(model, ref_model, beta=beta, epsilon=epsilon, loss_type=loss_type,

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from minitransformer import _checks
 from minitransformer.training import TrainingHistory, train
-from minitransformer.chat import END_OF_TURN, PAD, check_chat_tokenizer, encode_chat
+from minitransformer.chat import apply_chat_template, end_of_turn_id, pad_token_id
 from minitransformer.sft import IGNORE_INDEX
 
 #: The keys of a preference pair, TRL's names.
@@ -186,11 +186,13 @@ def _encode(tokenizer: object, prompt: object, responses: Sequence[object], *,
     """A prompt's ids and each of its responses' ids, as TRL's ``DPOTrainer`` splits them: the
     prompt alone and prompt + response are encoded, and the response starts where the two
     differ (for all of a prompt's responses at the same place). A plain-text response is
-    followed by ``<|end|>`` (TRL adds the end-of-sequence token); a conversational one ends
-    with its turn's ``<|end|>`` already."""
-    specials = check_chat_tokenizer(tokenizer)
+    followed by the end of turn (``<|end|>``; SmolLM2's ``<|im_end|>``: TRL adds the
+    end-of-sequence token); a conversational one ends with its turn's end already (and
+    whatever the chat template writes after it)."""
+    end = end_of_turn_id(tokenizer)                 # refuses a tokenizer without a chat format
+    specials = tokenizer.special_tokens
     if _is_messages(prompt):
-        prompt_ids = encode_chat(tokenizer, prompt, add_generation_prompt=True)[0]
+        prompt_ids = apply_chat_template(tokenizer, prompt, add_generation_prompt=True)
         fulls = []
         for response, name in zip(responses, names):
             if not _is_messages(response):
@@ -199,12 +201,12 @@ def _encode(tokenizer: object, prompt: object, responses: Sequence[object], *,
             if not response or response[0].get("role") != "assistant":
                 raise ValueError(f"{name} must begin with an assistant message, got "
                                  f"{list(response)[:1]!r}")
-            fulls.append(encode_chat(tokenizer, [*prompt, *response])[0])
+            fulls.append(apply_chat_template(tokenizer, [*prompt, *response]))
     else:
         prompt = _check_plain(prompt_name, prompt, specials)
         prompt_ids = tokenizer.encode(prompt)
         fulls = [tokenizer.encode(prompt + _check_plain(name, response, specials))
-                 + [specials[END_OF_TURN]] for response, name in zip(responses, names)]
+                 + [end] for response, name in zip(responses, names)]
     start = min(_common_prefix(prompt_ids, full) for full in fulls)
     if start == 0:
         raise ValueError(f"{prompt_name} is empty (or merges into the response's first "
@@ -228,7 +230,7 @@ def _pad(rows: list[tuple[list[int], list[int]]], tokenizer: object,
         targets = [IGNORE_INDEX] * (len(prompt) - 1) + response   # position t predicts t + 1
         shifted.append((ids[:-1], targets))
     length = max(len(idx) for idx, _ in shifted)
-    pad = check_chat_tokenizer(tokenizer)[PAD]
+    pad = pad_token_id(tokenizer)
     idx = torch.tensor([i + [pad] * (length - len(i)) for i, _ in shifted], device=device)
     targets = torch.tensor([t + [IGNORE_INDEX] * (length - len(t)) for _, t in shifted],
                            device=device)

@@ -125,3 +125,38 @@ def test_a_template_without_marks_is_refused_in_one_line(straight, tmp_path, dat
                             "--model", model)
     assert status == 2 and stderr.count("\n") == 1
     assert "no {% generation %} block" in stderr
+
+
+def test_dpo_and_grpo_take_smollm2_too(tmp_path):
+    """``--model smollm2`` resolves for dpo and grpo as for finetune (cli.common.model_path):
+    DPO's first loss is ln 2 through SmolLM2's own template, GRPO samples and scores a round,
+    and each writes a model directory whose weights differ from the file's only where LoRA
+    was merged (q_proj, v_proj; GRPO's round may carry no signal, and then changes nothing)."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({
+        "prompt": [{"role": "user", "content": f"Name a {thing}."}],
+        "chosen": [{"role": "assistant", "content": f"{answer}."}],
+        "rejected": [{"role": "assistant", "content": f"{answer} is a {thing} that many "
+                      f"people know well."}]}) + "\n"
+        for thing, answer in [("colour", "Blue"), ("fruit", "Apple")]), "utf-8")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({
+        "prompt": [{"role": "user", "content": f"What is {a} + {a}? Reply with the number."}],
+        "answer": str(2 * a)}) + "\n" for a in (2, 3)), "utf-8")
+    small = ["--steps", "1", "--batch-size", "2", "--lora-rank", "2", "--no-progress",
+             "--device", "cpu", "--threads", "1"]
+    status, stdout, stderr = run("dpo", "--model", "smollm2", "--data", pairs, "--out",
+                                 tmp_path / "dpo", *small)
+    assert status == 0, stderr
+    assert "step 1: loss 0.6931" in stdout
+    status, stdout, stderr = run("grpo", "--model", "smollm2", "--data", prompts, "--reward",
+                                 "exact", "--out", tmp_path / "grpo", "--group-size", "2",
+                                 "--max-new-tokens", "4", *small)
+    assert status == 0, stderr
+    assert "round 1: reward" in stdout
+    base = Llama.from_gguf(pretrained.smollm2_path()).state_dict()
+    for name in ("dpo", "grpo"):
+        changed = {k for k, v in Llama.from_pretrained(tmp_path / name).state_dict().items()
+                   if not torch.equal(v, base[k])}
+        assert all(".q_proj." in k or ".v_proj." in k for k in changed), name
+        assert changed or name == "grpo"

@@ -41,10 +41,15 @@ smollm2: $(SMOLLM2)
 # dependency of `make test` (yet): the build takes many minutes on 2 cores.
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP := $(or $(MINITRANSFORMER_CACHE),$(HOME)/.cache/minitransformer)/llama-cpp-python-$(LLAMA_CPP_VERSION)
+# GGML_NATIVE=OFF: the default build compiles for the building CPU's every instruction set, and
+# the library it made here died with SIGILL loading a model (the CPU reports AVX-512 that the
+# machine does not fully run); AVX2 alone runs on every x86-64 CPU of the last ten years.
+LLAMA_CPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF
 $(LLAMA_CPP): | $(STAMP)
 	rm -rf $(LLAMA_CPP).partial
-	$(BIN)/python -m pip install --quiet --no-deps --target $(LLAMA_CPP).partial \
-		llama-cpp-python==$(LLAMA_CPP_VERSION) diskcache
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" $(BIN)/python -m pip install --quiet --no-deps \
+		--no-cache-dir --target $(LLAMA_CPP).partial llama-cpp-python==$(LLAMA_CPP_VERSION) \
+		diskcache
 	mv $(LLAMA_CPP).partial $(LLAMA_CPP)
 llama-cpp: $(LLAMA_CPP)
 

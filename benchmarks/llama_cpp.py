@@ -96,7 +96,7 @@ def agreement(a: list[int], b: list[int]) -> int:
 def margin(model: Llama, ids: list[int], tokens: list[int], at: int) -> float:
     """Our top-two logit margin at the position where the two continuations part."""
     with torch.no_grad():
-        logits = model(torch.tensor([ids + tokens[:at]]))[0, -1]
+        logits = model(torch.tensor([ids + tokens[:at]]))[0][0, -1]
     top = logits.topk(2).values
     return float(top[0] - top[1])
 

@@ -16,7 +16,7 @@ help:
 	@echo "make gpu-wheels  download the wheels tools/gpu_check.sh installs on a GPU machine offline"
 	@echo "make smollm2  download the real model (SmolLM2-135M-Instruct, GGUF, 98 MB) once; book and test do"
 	@echo "make llama-cpp  build llama.cpp's Python binding once into the cache (a test and benchmark reference)"
-	@echo "make bench    run every benchmark in benchmarks/ and print its ratios against PyTorch"
+	@echo "make bench    run every benchmark in benchmarks/ and print its ratios (builds llama.cpp once)"
 	@echo "make experiments  run every experiment in experiments/ at its full settings (slow; not in test)"
 	@echo "make lab      open the notebooks in JupyterLab with minitransformer importable"
 	@echo "make execute  re-execute every chapter in place (after a package change)"
@@ -98,7 +98,7 @@ gpu-wheels:
 	du -sh tools/wheels
 
 # Timings are only meaningful on a quiet machine: the load is printed first.
-bench: $(STAMP)
+bench: $(STAMP) $(SMOLLM2) $(LLAMA_CPP)
 	@uptime
 	@for script in benchmarks/*.py; do \
 		echo "== $$script"; $(BIN)/python $$script || exit 1; \

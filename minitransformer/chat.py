@@ -439,7 +439,7 @@ SMOLLM2_CHAT_TEMPLATE = (
     "{% for message in messages %}" + _SMOLLM2_SYSTEM +
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-#: The same text as :data:`SMOLLM2_CHAT_TEMPLATE`, with ``{% generation %}`` ...
+#: The same text as ``SMOLLM2_CHAT_TEMPLATE``, with ``{% generation %}`` ...
 #: ``{% endgeneration %}`` around each assistant's content and the ``<|im_end|>`` that ends
 #: it: the tokens the model writes after the generation prompt ``<|im_start|>assistant\n``.
 #: The line break after ``<|im_end|>`` is left out, as the reply stops at ``<|im_end|>``.
@@ -458,7 +458,7 @@ TRAINING_TEMPLATES = {SMOLLM2_CHAT_TEMPLATE: SMOLLM2_TRAINING_TEMPLATE}
 
 def training_chat_template(template: str) -> str:
     """``template`` if it marks the assistant's tokens with ``{% generation %}``, else the
-    same template with the marks (:data:`TRAINING_TEMPLATES`: SmolLM2's). It renders the same
+    same template with the marks (``TRAINING_TEMPLATES``: SmolLM2's). It renders the same
     text. Raises ``ValueError`` for a template without marks that is not in the table."""
     check_type("template", template, str, "a str (a Jinja template)")
     if _has_generation_tag(template):

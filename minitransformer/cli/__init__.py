@@ -10,6 +10,7 @@ threads, devices, processes, checkpoints) is in ``common.py``.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 
 from minitransformer.cli import (
@@ -61,6 +62,12 @@ def build_parser() -> Parser:
     return parser
 
 
+#: Under torchrun, how long a rank other than 0 waits before it exits on a refusal: torchrun
+#: stops every rank when one exits, so a rank leaving at once (on a busy machine, before rank
+#: 0 has printed) would cut the one line a mistake is owed. Rank 0's exit ends the wait.
+RANK_ZERO_GRACE_SECONDS = 10.0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); the exit status.
 
@@ -79,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CommandLineError, ValueError, TypeError, OSError) as exc:
         if is_rank_zero():
             print(one_line(exc), file=sys.stderr)
+        else:   # rank 0 prints: leaving first, we would have torchrun kill it before it does
+            time.sleep(RANK_ZERO_GRACE_SECONDS)
         return 2
 
 

@@ -8,8 +8,9 @@ from the GGUF file), both models continue greedily for ``--tokens`` tokens, each
 cache: ours with ``Llama.from_gguf`` and ``minitransformer.generate(temperature=0)``, theirs with
 ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=name)`` called step by step with its
 ``cache``. Neither stops at the end-of-turn token, so every prompt compares the same number of
-tokens. It prints the CPU time of dequantising the whole file (one thread), the largest logit difference
-on the prompts relative to the largest logit, and how many prompts agree on every new token.
+tokens. It prints the CPU time of dequantising the whole file (one thread), the largest logit
+difference on the prompts relative to the largest logit, and how many prompts agree on every
+new token.
 Exit status 1 when a figure misses its target (2 s, 1e-4, all prompts).
 """
 

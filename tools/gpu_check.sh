@@ -6,15 +6,20 @@
 # 1. Installs what the machine's Python lacks (nbval, ipykernel, ...) from the wheels in
 #    tools/wheels/ (`make gpu-wheels` downloads them; no network here). Never torch: the
 #    machine's own PyTorch and CUDA are used, whatever their versions.
-# 2. The two steps of `make test-gpu`, with this Python: the unit tests with the `device` fixture
-#    on the device (the others on the CPU, as always), then every chapter under nbval with
-#    MINITRANSFORMER_DEVICE set. No book build, no browser tests.
-# 3. benchmarks/decode_vs_transformers.py (GPT-2 small's shape, ours against transformers on the
-#    same weights: tokens per second and ratio) and benchmarks/kv_cache.py, on the device.
+# 2. The two steps of `make test-gpu`, with this Python, side by side: the tests that take the
+#    `device` fixture, on the device (on CUDA only those, unless GPU_UNIT_ALL=1: CI runs the
+#    rest on a CPU every time), and every chapter under nbval with MINITRANSFORMER_DEVICE set
+#    (GPU_CHAPTERS: other notebooks or folders). No book build, no browser tests.
+# 3. Where SmolLM2's file is (`make smollm2`): tools/gpu_smollm2.py (the real model of chapters
+#    14 and 16-20 on the device, against the CPU and transformers) and its decoding speed against
+#    transformers'. Then benchmarks/decode_vs_transformers.py at GPT-2 small's shape (ours
+#    against transformers on the same weights: tokens per second and ratio) and
+#    benchmarks/kv_cache.py, on the device.
 # 4. Writes summary.txt and summary.json (passed, failed, figures, device, torch and CUDA
 #    versions) and one log per step into RESULTS_DIR. Exit status 0 when every step passed.
 #
-# Variables: MINITRANSFORMER_DEVICE (default cuda; `cpu` runs the same check on a machine
+# Variables: GPU_STEPS (the steps to run, default "install unit chapters smollm2 decode kv_cache"),
+# MINITRANSFORMER_DEVICE (default cuda; `cpu` runs the same check on a machine
 # without a GPU), PYTHON (default python3, or .venv/bin/python where python3 has no torch),
 # GPU_WORKERS (pytest-xdist workers, default min(8, cores)), GPU_CHECK_INSTALL=0 (install nothing),
 # GPU_CHECK_TIMEOUTS=0 (no per-step time limits; they apply on CUDA only, to end within 8 min).
@@ -35,9 +40,10 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBU
 # backend's figure reprs.
 export OMP_NUM_THREADS=1
 START=$(date +%s)
-STEPS=()        # name:status:seconds
+STEPS_FILE=$RESULTS/steps.txt   # name:status:seconds, a line per step (steps may run at once)
+: >"$STEPS_FILE"
 
-# Per-step limits (seconds) on CUDA, so that the whole check ends within 8 minutes.
+# Per-step limits (seconds) on CUDA, so that the whole check ends within about 9 minutes.
 limit() {
     if [ "${GPU_CHECK_TIMEOUTS:-1}" = 0 ] || [ "${DEVICE%%:*}" != cuda ]; then echo 0; else echo "$1"; fi
 }
@@ -45,6 +51,10 @@ limit() {
 step() {        # step NAME LIMIT_S COMMAND...: runs it, its output into NAME.log
     local name=$1 seconds=$2 began status
     shift 2
+    case " ${GPU_STEPS:-install unit chapters smollm2 decode kv_cache} " in
+        *" ${name%_*} "*|*" $name "*) ;;
+        *) return 0 ;;
+    esac
     began=$(date +%s)
     echo "== $name: $*" >"$RESULTS/$name.log"
     echo "== $name ($(date +%T))"
@@ -56,7 +66,7 @@ step() {        # step NAME LIMIT_S COMMAND...: runs it, its output into NAME.lo
     status=$?
     [ "$status" = 124 ] && echo "== $name: stopped after its limit of ${seconds} s" >>"$RESULTS/$name.log"
     tail -n 2 "$RESULTS/$name.log" | cut -c1-300
-    STEPS+=("$name:$status:$(( $(date +%s) - began ))")
+    echo "$name:$status:$(( $(date +%s) - began ))" >>"$STEPS_FILE"
 }
 
 # --- 1. what the machine lacks, from tools/wheels/ --------------------------------------------
@@ -84,16 +94,38 @@ install() {
 step install "$(limit 90)" install
 [ -d /tmp/gpu_check_site ] && export PYTHONPATH="$PYTHONPATH:/tmp/gpu_check_site"
 
-# --- 2. make test-gpu's two steps ---------------------------------------------------------------
+# --- 2. make test-gpu's two steps, side by side ---------------------------------------------
+# On CUDA the unit step runs the tests that take the `device` fixture, on the device only (the
+# others run on the CPU, as CI runs them every time); GPU_UNIT_ALL=1 runs the whole suite.
 BROWSER_TESTS="--ignore=tests/test_jupyterlab.py --ignore=tests/test_book_pages.py --ignore=tests/test_api_page.py"
+if [ "${DEVICE%%:*}" = cuda ] && [ "${GPU_UNIT_ALL:-0}" = 0 ]; then
+    UNIT_TESTS=$(grep -l 'def test[^(]*([^)]*\bdevice\b' tests/test_*.py | tr '\n' ' ')
+    UNIT_SELECT=(-k "$DEVICE")
+    UNIT_WORKERS=$(( WORKERS < 4 ? WORKERS : 4 ))
+else
+    UNIT_TESTS="tests/ $BROWSER_TESTS"
+    UNIT_SELECT=()
+    UNIT_WORKERS=$WORKERS
+fi
+CHAPTER_WORKERS=${GPU_CHAPTER_WORKERS:-$(( CORES > 6 ? CORES - 4 : WORKERS ))}
 # shellcheck disable=SC2086
 step unit "$(limit 200)" env MINITRANSFORMER_TEST_DEVICES="$DEVICE" "$PY" -m pytest -q \
-    -n "$WORKERS" --dist loadscope tests/ $BROWSER_TESTS
-step chapters "$(limit 200)" env MINITRANSFORMER_DEVICE="$DEVICE" "$PY" -m pytest -q \
-    -n "$WORKERS" --dist loadscope book/
+    -p no:cacheprovider -n "$UNIT_WORKERS" --dist loadscope $UNIT_TESTS "${UNIT_SELECT[@]}" &
+step chapters "$(limit 260)" env MINITRANSFORMER_DEVICE="$DEVICE" "$PY" -m pytest -q \
+    -p no:cacheprovider -n "$CHAPTER_WORKERS" --dist loadscope ${GPU_CHAPTERS:-book/}
+wait
 
-# --- 3. the benchmarks on the device ----------------------------------------------------------
+# --- 3. the real model and the benchmarks on the device ---------------------------------------
 BENCH=$(mktemp -d)
+if "$PY" -c "from minitransformer.pretrained import smollm2_path; smollm2_path()" 2>/dev/null; then
+    step smollm2 "$(limit 120)" "$PY" tools/gpu_smollm2.py --device "$DEVICE" \
+        --json "$BENCH/smollm2.json"
+    step decode_smollm2 "$(limit 90)" "$PY" benchmarks/decode_vs_transformers.py \
+        --device "$DEVICE" --size smollm2 --rounds 3 --threads 2 \
+        --json "$BENCH/decode_smollm2.json"
+else
+    step smollm2 0 sh -c 'echo "the model file is not here (make smollm2): SmolLM2 not checked"; exit 1'
+fi
 step decode "$(limit 60)" "$PY" benchmarks/decode_vs_transformers.py --device "$DEVICE" \
     --size gpt2-small --rounds 3 --threads "$(( CORES < 2 ? CORES : 2 ))" --json "$BENCH/decode.json"
 step kv_cache "$(limit 60)" "$PY" benchmarks/kv_cache.py --device "$DEVICE" --new-tokens 256 512 \
@@ -101,6 +133,7 @@ step kv_cache "$(limit 60)" "$PY" benchmarks/kv_cache.py --device "$DEVICE" --ne
 
 # --- 4. the summary -----------------------------------------------------------------------------
 TOTAL=$(( $(date +%s) - START ))
+mapfile -t STEPS <"$STEPS_FILE"
 "$PY" - "$RESULTS" "$BENCH" "$DEVICE" "$TOTAL" "${STEPS[@]}" <<'EOF'
 import json, platform, re, subprocess, sys
 from pathlib import Path
@@ -160,6 +193,15 @@ if decode:
     lines.append(f"   decode: GPT-2 small shape, ours {decode['ours_tokens_per_s']} tok/s, "
                  f"transformers {decode['transformers_tokens_per_s']} tok/s, ratio "
                  f"{decode['ratio']}x, greedy tokens equal: {decode['greedy_tokens_equal']}")
+real = summary["steps"].get("decode_smollm2", {}).get("figures", {}).get("smollm2")
+if real:
+    lines.append(f"   decode: SmolLM2-135M, ours {real['ours_tokens_per_s']} tok/s, "
+                 f"transformers {real['transformers_tokens_per_s']} tok/s, ratio "
+                 f"{real['ratio']}x, greedy tokens equal: {real['greedy_tokens_equal']}")
+smol = summary["steps"].get("smollm2", {}).get("figures")
+if smol:
+    lines += [f"  smollm2: {key}: {value}" for key, value in smol.items()
+              if isinstance(value, dict) and "traceback" not in value]
 kv = summary["steps"].get("kv_cache", {}).get("figures")
 if kv:
     first = next(iter(kv["speed_up"].values()))

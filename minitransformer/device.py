@@ -8,6 +8,8 @@ hard-codes a device and creates new tensors on the device of their inputs.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -34,3 +36,24 @@ def default_device() -> torch.device:
             raise ValueError(str(exc).replace(f"{ENV_VAR} {name!r}", f"{ENV_VAR}={name!r}", 1)) \
                 from None
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextmanager
+def deterministic_kernels(device: torch.device | str) -> Iterator[None]:
+    """Within the block, on CUDA, PyTorch's deterministic kernels, so that training repeats bit
+    for bit and a resumed run equals the run never stopped (chapter 15). On a GPU, embedding's
+    backward, for one, adds with atomics in an order that changes from run to run. Sets
+    ``CUBLAS_WORKSPACE_CONFIG`` to ``:4096:8`` where it is unset, as cuBLAS's deterministic mode
+    asks; an operation without a deterministic kernel warns. The previous setting comes back
+    afterwards. On the CPU nothing changes: its kernels already repeat."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])

@@ -350,26 +350,13 @@ def test_generate_s_default_length_fits_the_context(tiny_run):
     assert status == 0, stderr
 
 
-@contextlib.contextmanager
-def deterministic(device: torch.device):
-    """On CUDA, deterministic kernels for the duration (embedding's backward otherwise adds with
-    atomics, in an order that changes from run to run); the CPU's kernels already are."""
-    if device.type != "cuda":
-        yield
-        return
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_run_resumed_on_each_device_is_bit_identical(data, tmp_path, monkeypatch, device, dtype):
     """--device on every device this machine has (the `device` fixture: CUDA too, when present),
     in float32 and bfloat16: a run stopped right after its step-10 checkpoint, then resumed, ends
-    with the weights, optimizer and random states of the run never stopped, dropout included."""
+    with the weights, optimizer and random states of the run never stopped, dropout included.
+    On CUDA the command turns on deterministic kernels itself (embedding's backward otherwise
+    adds in a varying order): the test leaves PyTorch's setting as it is."""
     import shutil
     flags = ["--data", data, *TINY, "--steps", "20", "--save-every", "10", "--dropout", "0.1",
              "--device", str(device), "--dtype", dtype]
@@ -383,15 +370,16 @@ def test_a_run_resumed_on_each_device_is_bit_identical(data, tmp_path, monkeypat
         return folder
 
     monkeypatch.setattr(checkpoints, "save", save_and_copy)
-    with deterministic(device):
-        status, _, stderr = run("train", "--out", straight, *flags)
-        assert status == 0, stderr
-        status, stdout, stderr = run("train", "--out", stopped, *flags, "--resume")
-        assert status == 0, stderr
-        assert "resuming from step 10" in stdout
-        status, text, stderr = run("generate", "--model", stopped, "--prompt", "The",
-                                   "--max-new-tokens", "4", "--temperature", "0",
-                                   "--device", str(device))
+    assert not torch.are_deterministic_algorithms_enabled()
+    status, _, stderr = run("train", "--out", straight, *flags)
+    assert status == 0, stderr
+    status, stdout, stderr = run("train", "--out", stopped, *flags, "--resume")
+    assert status == 0, stderr
+    assert "resuming from step 10" in stdout
+    assert not torch.are_deterministic_algorithms_enabled()     # given back afterwards
+    status, text, stderr = run("generate", "--model", stopped, "--prompt", "The",
+                               "--max-new-tokens", "4", "--temperature", "0",
+                               "--device", str(device))
     assert status == 0 and text.startswith("The"), stderr
     assert {t.dtype for t in weights(stopped).values()} == {getattr(torch, dtype)}
     assert equal(weights(stopped), weights(straight))

@@ -1,5 +1,7 @@
 """default_device and its environment override (minitransformer.device)."""
 
+import os
+
 import pytest
 import torch
 
@@ -28,3 +30,20 @@ def test_unknown_device_name_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MINITRANSFORMER_DEVICE", "toaster")
     with pytest.raises(ValueError, match="MINITRANSFORMER_DEVICE='toaster'"):
         default_device()
+
+
+def test_deterministic_kernels_on_cuda_only_and_given_back(device):
+    """On CUDA the block runs on deterministic kernels (warning where one has none) and the
+    setting before it comes back, after an error too; on the CPU nothing changes."""
+    from minitransformer.device import deterministic_kernels
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(KeyError):
+        with deterministic_kernels(device):
+            assert torch.are_deterministic_algorithms_enabled() == (device.type == "cuda")
+            if device.type == "cuda":
+                assert torch.is_deterministic_algorithms_warn_only_enabled()
+                assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+            raise KeyError("inside")
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()

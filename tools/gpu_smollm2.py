@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct on a GPU: the real model of chapters 14 and 16-20, part of the GPU check.
 
 Run from the repository root, after `make smollm2` (tools/gpu_check.sh runs it):
-    python tools/gpu_smollm2.py [--device cuda] [--prompts 5] [--tokens 64] [--json FILE]
+    python tools/gpu_smollm2.py [--device cuda] [--prompts 5] [--tokens 64] [--parts A,B]
+        [--json FILE]
 
 The chapters run SmolLM2 on the CPU; this script runs what they do with it on ``--device`` and
 compares each result with the same computation on the CPU or with ``transformers`` on the device
@@ -90,8 +91,11 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--prompts", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--parts", help="comma-separated parts to run (default: all; the models "
+                        "are always loaded)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    chosen = set(args.parts.split(",")) if args.parts else None
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -109,6 +113,8 @@ def main() -> int:
 
     def part(name):
         def wrap(fn):
+            if chosen is not None and name not in chosen and name != "load":
+                return
             began = time.perf_counter()
             try:
                 entry = fn()

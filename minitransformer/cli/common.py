@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from minitransformer import checkpoints  # by the module: tests replace its functions
-from minitransformer.device import default_device
+from minitransformer.device import default_device, deterministic_kernels
 from minitransformer.models import ARCHITECTURES, architecture_for
 
 if TYPE_CHECKING:
@@ -477,12 +477,14 @@ def chat_tokens_of(tokenizer, model: str) -> dict[str, int]:
 
 
 def in_processes(command, args: argparse.Namespace) -> int:
-    """``command(args, processes)`` with this run's processes (torchrun's, or this one), giving
+    """``command(args, processes)`` with this run's processes (torchrun's, or this one), on
+    deterministic kernels (a GPU's too: a resumed run equals the run never stopped), giving
     torch's thread count back afterwards: ``main()`` may run inside a notebook or a test."""
     procs = Processes(args.device)
     before = torch.get_num_threads()
     try:
-        return command(args, procs)
+        with deterministic_kernels(procs.device):
+            return command(args, procs)
     finally:
         torch.set_num_threads(before)
         procs.close()

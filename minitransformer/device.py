@@ -40,20 +40,25 @@ def default_device() -> torch.device:
 
 @contextmanager
 def deterministic_kernels(device: torch.device | str) -> Iterator[None]:
-    """Within the block, on CUDA, PyTorch's deterministic kernels, so that training repeats bit
-    for bit and a resumed run equals the run never stopped (chapter 15). On a GPU, embedding's
-    backward, for one, adds with atomics in an order that changes from run to run. Sets
-    ``CUBLAS_WORKSPACE_CONFIG`` to ``:4096:8`` where it is unset, as cuBLAS's deterministic mode
-    asks; an operation without a deterministic kernel warns. The previous setting comes back
+    """Within the block, on CUDA, kernels that repeat bit for bit, so that training repeats and
+    a resumed run equals the run never stopped (chapter 15). On a GPU, embedding's backward
+    adds with atomics in an order that changes from run to run, and so does the backward of
+    ``scaled_dot_product_attention``'s fused memory-efficient kernel: this turns on PyTorch's
+    deterministic algorithms (an operation without one warns) and runs attention through its
+    math kernel (what the CPU computes), and sets ``CUBLAS_WORKSPACE_CONFIG`` to ``:4096:8``
+    where it is unset, as cuBLAS's deterministic mode asks. The previous settings come back
     afterwards. On the CPU nothing changes: its kernels already repeat."""
     if torch.device(device).type != "cuda":
         yield
         return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     before = (torch.are_deterministic_algorithms_enabled(),
               torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        yield
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])

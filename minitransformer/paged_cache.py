@@ -51,13 +51,15 @@ class BlockPool:
     again only when its last user gives it back.
 
     A block whose keys :meth:`cache` made findable by a key (:meth:`find`; the engine's key is
-    the tokens from the prompt's start to the block's end) keeps that key and its keys and
-    values when its last user gives it back: it is *evictable*, free but still holding a cached
-    prefix, in a queue ordered by when it was last given back (vLLM's free block queue).
+    the adapter and the tokens from the prompt's start to the block's end) keeps that key and
+    its keys and values when its last user gives it back: it is *evictable*, free but still
+    holding a cached prefix, in a queue ordered by when it was last given back (vLLM's free
+    block queue).
     :meth:`share` takes it out of the queue again (a cache hit revives it). :meth:`allocate`
     hands out empty blocks first, then evicts the least recently used evictable blocks, each
-    losing its key. A block is thus in one of three states: held (by one user or more),
-    evictable, or empty; :attr:`num_free` counts the last two.
+    losing its key (``evictions`` counts them). A block is thus in one of three states: held
+    (by one user or more), evictable, or empty; :attr:`num_free` counts the last two.
+
     Args:
         num_blocks: how many blocks the pool holds.
         block_size: positions per block.

@@ -314,8 +314,8 @@ class Engine:
             until the pool, short of empty blocks, evicts it (least recently used first).
             Its tokens are those without sharing up to float rounding (the rest's prefill
             reads cached keys instead of computing them in the same pass). A request that
-            asks for ``prompt_logprobs`` prefills its whole prompt. :attr:`prefix_queries` and
-            :attr:`prefix_hits` count the prompt positions looked up and found.
+            asks for ``prompt_logprobs`` prefills its whole prompt. ``prefix_queries`` and
+            ``prefix_hits`` count the prompt positions looked up and found.
         adapters: a :class:`~minitransformer.lora.AdapterSet` over ``model``: a request names
             one of its adapters (``Request.adapter``), which runs merged into the weights; the
             engine serves one adapter at a time (see the module's notes). ``None``: none.

@@ -208,6 +208,30 @@ def test_under_pressure_the_least_recently_used_prefix_is_evicted_tail_first():
     assert cached.pool.evictions == 2 + 2 + 2
 
 
+@pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
+def test_a_crowded_pool_evicts_and_preempts_and_every_request_gets_its_tokens(make):
+    """Many requests at once from a few prefixes, in a pool far too small for them: cached
+    blocks are evicted and requests preempted while others share, and each request's tokens
+    are those of the same requests without prefix caching."""
+    model = make()
+    rng = random.Random(5)
+    stems = [[rng.randrange(VOCAB) for _ in range(40)] for _ in range(4)]
+    requests = []
+    for k in range(40):
+        stem = stems[rng.randrange(4)]
+        prompt = stem[:rng.randint(17, 40)] + [rng.randrange(VOCAB) for _ in range(3)]
+        options = ({"temperature": 0.0} if k % 2 else
+                   {"temperature": 0.9, "seed": k, "presence_penalty": 0.5})
+        requests.append(Request(prompt, max_tokens=rng.randint(1, 20), **options))
+    expected = Engine(model, kv_blocks=12, max_batch=5).run(requests)
+    engine = Engine(model, kv_blocks=12, max_batch=5, prefix_caching=True)
+    got = engine.run(requests)
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    assert engine.pool.evictions > 0 and engine.preemptions > 0
+    assert engine.prefix_hits > 0
+    assert_idle(engine)
+
+
 def test_no_block_freed_in_use_and_none_leaked_after_1000_mixed_requests():
     model = gpt()
     engine = Engine(model, kv_blocks=10, max_batch=6, prefix_caching=True)

@@ -25,7 +25,7 @@ softmax (its largest score, its sum of exponentials and its weighted sum of valu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 from torch import Tensor
@@ -46,9 +46,19 @@ class BlockPool:
 
     Blocks are handed out by :meth:`allocate` and given back by :meth:`free`; a freed block is
     the first to be handed out again (a stack), and a block cannot be freed twice or freed
-    without having been allocated. For prefix caching, :meth:`share` gives an allocated block
-    one more user (a reference count): :meth:`free` then takes one user away, and the block is
-    free again only when its last user gives it back.
+    without having been allocated. For prefix caching, :meth:`share` gives a block one more
+    user (a reference count): :meth:`free` then takes one user away, and the block is free
+    again only when its last user gives it back.
+
+    A block whose keys :meth:`cache` made findable by a key (:meth:`find`; the engine's key is
+    the adapter and the tokens from the prompt's start to the block's end) keeps that key and
+    its keys and values when its last user gives it back: it is *evictable*, free but still
+    holding a cached prefix, in a queue ordered by when it was last given back (vLLM's free
+    block queue).
+    :meth:`share` takes it out of the queue again (a cache hit revives it). :meth:`allocate`
+    hands out empty blocks first, then evicts the least recently used evictable blocks, each
+    losing its key (``evictions`` counts them). A block is thus in one of three states: held
+    (by one user or more), evictable, or empty; :attr:`num_free` counts the last two.
 
     Args:
         num_blocks: how many blocks the pool holds.
@@ -75,6 +85,10 @@ class BlockPool:
         self._free = list(range(num_blocks - 1, -1, -1))   # a stack: block 0 is handed out first
         self._allocated: set[int] = set()
         self._refs: dict[int, int] = {}         # the users of each allocated block
+        self._cached: dict[Hashable, int] = {}  # key -> the block that holds its keys
+        self._key_of: dict[int, Hashable] = {}  # block -> its key (held or evictable)
+        self._evictable: dict[int, None] = {}   # unused cached blocks, least recently used first
+        self.evictions = 0                      # cached blocks evicted so far
         self._gathered: Tensor | None = None    # the buffer of gathered() (keys, values)
 
     @property
@@ -84,8 +98,20 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        """How many blocks are free."""
-        return len(self._free)
+        """How many blocks no user holds (what :meth:`allocate` can hand out): the empty ones
+        and the evictable ones."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_evictable(self) -> int:
+        """How many free blocks still hold a cached prefix (evicted when no empty one is
+        left)."""
+        return len(self._evictable)
+
+    @property
+    def evictable(self) -> tuple[int, ...]:
+        """The evictable blocks, the next to be evicted (least recently used) first."""
+        return tuple(self._evictable)
 
     @property
     def allocated(self) -> frozenset[int]:
@@ -110,39 +136,81 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int] | None:
         """Hand out ``n`` free blocks, or ``None`` (and nothing) when fewer are free: the
-        caller waits, or frees blocks elsewhere, and asks again.
+        caller waits, or frees blocks elsewhere, and asks again. Empty blocks go first; then
+        the least recently used evictable blocks, which lose their keys (:meth:`find` no
+        longer finds them).
 
         Raises:
             TypeError, ValueError: ``n`` is not an int >= 0.
         """
         _checks.check_int("n", n, low=0)
-        if n > len(self._free):
+        if n > self.num_free:
             return None
-        blocks = [self._free.pop() for _ in range(n)]
+        blocks = [self._free.pop() for _ in range(min(n, len(self._free)))]
+        while len(blocks) < n:
+            block = next(iter(self._evictable))                 # the least recently used
+            del self._evictable[block]
+            del self._cached[self._key_of.pop(block)]
+            self.evictions += 1
+            blocks.append(block)
         self._allocated.update(blocks)
         self._refs.update(dict.fromkeys(blocks, 1))
         return blocks
 
     def share(self, blocks: Sequence[int]) -> None:
-        """Give each of the allocated ``blocks`` one more user (prefix caching): it is freed
-        when the last one gives it back.
+        """Give each of ``blocks`` one more user (prefix caching): it is freed when the last
+        one gives it back. An evictable block leaves the queue: it is held again, with the keys
+        and values it held.
 
         Raises:
-            ValueError: a block that is not allocated.
+            ValueError: a block that is neither allocated nor evictable.
         """
         for block in blocks:
-            if block not in self._allocated:
-                raise ValueError(f"block {block} is not allocated: it cannot be shared")
+            if block not in self._allocated and block not in self._evictable:
+                raise ValueError(f"block {block} is neither allocated nor cached: it cannot be "
+                                 f"shared")
         for block in blocks:
-            self._refs[block] += 1
+            if block in self._evictable:
+                del self._evictable[block]
+                self._allocated.add(block)
+            self._refs[block] = self._refs.get(block, 0) + 1
 
     def users(self, block: int) -> int:
         """How many requests hold ``block`` (0: it is free)."""
         return self._refs.get(block, 0)
 
+    def cache(self, block: int, key: Hashable) -> bool:
+        """Make the allocated ``block``, full, findable by ``key`` (:meth:`find`), so that it
+        keeps its keys and values, evictable, after its last user frees it. Returns whether it
+        did: not when ``key`` already names a block, or ``block`` already has a key (the first
+        stays, as vLLM keeps it: a block table only ever grows).
+
+        Raises:
+            ValueError: ``block`` is not allocated.
+        """
+        _checks.check_int("block", block, low=0)
+        if block not in self._allocated:
+            raise ValueError(f"block {block} is not allocated: only a block that holds keys "
+                             f"can be cached")
+        if key in self._cached or block in self._key_of:
+            return False
+        self._cached[key], self._key_of[block] = block, key
+        return True
+
+    def find(self, key: Hashable) -> int | None:
+        """The block that :meth:`cache` made findable by ``key``, held or evictable, or
+        ``None`` (never cached, or evicted since)."""
+        return self._cached.get(key)
+
+    def key_of(self, block: int) -> Hashable | None:
+        """The key that finds ``block``, or ``None`` when it is not cached."""
+        return self._key_of.get(block)
+
     def free(self, blocks: Sequence[int]) -> list[int]:
         """Give ``blocks`` back to the pool: each loses a user, and those left with none are
-        free again (returned). All or nothing: nothing is freed when one of them is not
+        free again (returned): the cached ones evictable, the most recently used, the last of
+        ``blocks`` to be evicted first (a prefix's end is worth less than its start without
+        it); the others empty. All or nothing: nothing is freed when one of them is not
         allocated.
 
         Raises:
@@ -165,7 +233,11 @@ class BlockPool:
                 del self._refs[block]
                 freed.append(block)
         self._allocated.difference_update(freed)
-        self._free.extend(reversed(freed))
+        for block in reversed(freed):
+            if block in self._key_of:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
         return freed
 
     def gathered(self, slots: int) -> tuple[Tensor, Tensor]:
@@ -195,7 +267,7 @@ class BlockPool:
 
     def __repr__(self) -> str:
         return (f"BlockPool(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-                f"num_free={self.num_free})")
+                f"num_free={self.num_free}, num_evictable={self.num_evictable})")
 
 
 class PagedView(KVCache):

@@ -923,7 +923,14 @@ def _metrics(worker: _Worker) -> str:
                worker.tokens)
         metric(prefix + "kv_blocks_used", "gauge", "KV cache blocks held by requests.",
                engine.num_blocks - free)
-        metric(prefix + "kv_blocks_free", "gauge", "KV cache blocks free.", free)
+        metric(prefix + "kv_blocks_free", "gauge", "KV cache blocks free (the evictable "
+               "ones included).", free)
+        metric(prefix + "kv_blocks_evictable", "gauge", "Free KV cache blocks that keep a "
+               "cached prefix, evicted least recently used first.", engine.pool.num_evictable)
+        metric(prefix + "prefix_cache_queries_total", "counter", "Prompt tokens looked up in "
+               "the prefix cache.", engine.prefix_queries)
+        metric(prefix + "prefix_cache_hits_total", "counter", "Prompt tokens found in the "
+               "prefix cache (not prefilled).", engine.prefix_hits)
         for name, histogram, help_text in (
                 ("time_to_first_token_seconds", worker.ttft,
                  "Seconds from a request's arrival to its first token."),

@@ -37,7 +37,9 @@ has written; when it is admitted again, its prompt and tokens are prefilled agai
 (recomputation, as vLLM does), and it continues where it stopped. No request fails, and none
 writes into another's blocks. With ``prefix_caching=True``, requests whose tokens begin the same
 way share the full blocks of that beginning, held by reference count, and each prefills only
-the rest.
+the rest. A full block keeps its keys after its last user ends, evictable, until the pool needs
+it (the least recently used first): a request that comes after the first has ended still finds
+them (vLLM's automatic prefix caching).
 
 Each request samples with its own generator (``seed``) and counts its own tokens for the
 penalties, so its tokens are those it gets alone with
@@ -54,8 +56,9 @@ none starves), the running requests finish, and the weights switch (the base wei
 back exactly, the new adapter's ``B A`` added). The cost: a stream that alternates between
 adapters runs in small batches, each drained before the next switch. The other design, vLLM's
 and S-LoRA's, computes each row's low-rank term ``B A x`` separately in a mixed batch: no
-drain, but an extra product per adapted layer at every step. The prefix table only holds
-blocks of running requests, so it is empty at a switch: keys are never shared across adapters.
+drain, but an extra product per adapted layer at every step. A cached block is found by the
+adapter's name as well as its tokens, so keys are never shared across adapters; those of an
+adapter switched away wait, evictable, for its next requests.
 
 :meth:`Engine.submit` and :meth:`Engine.cancel` may be called from any thread while one thread
 calls :meth:`Engine.step` in a loop (the server's design); :meth:`Engine.run` drives the steps
@@ -302,14 +305,17 @@ class Engine:
         pack_weights: the model's weights also packed for the CPU's matrix products (see the
             module's notes; twice the weights' memory); ``False``: not, and the prefill is
             ``forward``'s bit for bit.
-        prefix_caching: share the full blocks of a prompt's beginning with the running
-            requests whose tokens begin the same way (vLLM's automatic prefix caching): the
-            new request prefills only the rest. A block is found by the tokens up to its end
-            and held by reference count (:meth:`BlockPool.share
-            <minitransformer.paged_cache.BlockPool.share>`), freed when its last user ends.
+        prefix_caching: share the full blocks of a prompt's beginning with the requests
+            whose tokens began the same way (vLLM's automatic prefix caching): the new request
+            prefills only the rest. A full block is found by the tokens up to its end (and the
+            adapter), and held by reference count (:meth:`BlockPool.share
+            <minitransformer.paged_cache.BlockPool.share>`); when its last user ends it keeps
+            its keys, evictable, and a later request with the same beginning takes it back,
+            until the pool, short of empty blocks, evicts it (least recently used first).
             Its tokens are those without sharing up to float rounding (the rest's prefill
             reads cached keys instead of computing them in the same pass). A request that
-            asks for ``prompt_logprobs`` prefills its whole prompt.
+            asks for ``prompt_logprobs`` prefills its whole prompt. ``prefix_queries`` and
+            ``prefix_hits`` count the prompt positions looked up and found.
         adapters: a :class:`~minitransformer.lora.AdapterSet` over ``model``: a request names
             one of its adapters (``Request.adapter``), which runs merged into the weights; the
             engine serves one adapter at a time (see the module's notes). ``None``: none.
@@ -342,9 +348,9 @@ class Engine:
         _checks.check_type("pack_weights", pack_weights, bool, "True or False")
         self.prefix_caching = _checks.check_type("prefix_caching", prefix_caching, bool,
                                                  "True or False")
-        self._prefix: dict[tuple[int, ...], int] = {}    # tokens up to a block's end -> block
-        self._block_key: dict[int, tuple[int, ...]] = {}
         self.prefilled = 0                                # positions prefilled, all requests
+        self.prefix_queries = 0                           # positions looked up in the cache
+        self.prefix_hits = 0                              # of them, found there
         _check_finite_weights(model)
         c = self.config = model.config
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -449,7 +455,8 @@ class Engine:
 
     @property
     def num_free_blocks(self) -> int:
-        """The pool's free blocks."""
+        """The pool's blocks that no request holds (with prefix caching, the evictable ones
+        that keep a cached prefix included)."""
         return self.pool.num_free
 
     @property
@@ -582,38 +589,43 @@ class Engine:
                 if self._running or admitted:
                     break                   # the running requests finish, then it switches
                 self._switch(seq.request.adapter)
-            shared = len(self._shared_blocks(seq, len(seq.tokens) - (1 if seq.generated
-                                                                      else 0)))
-            if pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) - shared > budget:
-                break
-            self._waiting.popleft()
             prefill = len(seq.tokens) - (1 if seq.generated else 0)
             shared = self._shared_blocks(seq, prefill)
+            revived = sum(1 for block in shared if not pool.users(block))   # evictable ones
+            need = pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) - len(shared) + revived
+            if need > budget:
+                break
+            self._waiting.popleft()
             pool.share(shared)
             seq.shared = len(shared) * pool.block_size
             seq.blocks = shared + pool.allocate(pool.blocks_for(prefill) - len(shared))
-            budget -= pool.blocks_for(min(len(seq.tokens) + 1, seq.limit)) - len(shared)
+            budget -= need
             admitted.append(seq)
         return admitted
 
     def _switch(self, adapter: str | None) -> None:
         """Merge ``adapter`` into the weights (``None``: the base), with no request running.
-        The prefix table holds only running requests' blocks, so it is empty: no block of
-        keys computed with one adapter's weights is ever shared with another's request."""
-        if self._prefix:
-            raise RuntimeError("blocks are shared while no request runs: a bug")
+        A cached block's key names its adapter, so no block of keys computed with one
+        adapter's weights is ever shared with another's request."""
+        if self.pool.allocated:
+            raise RuntimeError("blocks are held while no request runs: a bug")
         self.adapters.activate(adapter)
         self.switches += 1
 
+    def _key(self, seq: _Sequence, end: int) -> tuple:
+        """What finds a block that holds ``seq``'s positions up to ``end``: its adapter and
+        its tokens from the start."""
+        return seq.request.adapter, tuple(seq.tokens[:end])
+
     def _shared_blocks(self, seq: _Sequence, prefill: int) -> list[int]:
-        """The blocks of running requests that hold the keys of ``seq``'s first tokens: full
-        blocks, found by the tokens up to their end, leaving at least one token to prefill
-        (its scores give the next token)."""
+        """The cached blocks (held or evictable) that hold the keys of ``seq``'s first tokens:
+        full blocks, found by the tokens up to their end, leaving at least one token to
+        prefill (its scores give the next token)."""
         if not self.prefix_caching or seq.request.prompt_logprobs:
             return []
         size, found = self.pool.block_size, []
         for i in range((prefill - 1) // size):
-            block = self._prefix.get(tuple(seq.tokens[:(i + 1) * size]))
+            block = self.pool.find(self._key(seq, (i + 1) * size))
             if block is None:
                 break
             found.append(block)
@@ -628,19 +640,15 @@ class Engine:
             first = seq.shared // size
             if len(shared) > first:
                 self.pool.share(shared[first:])
-                self._release(seq.blocks[first:len(shared)])
+                self.pool.free(seq.blocks[first:len(shared)])
                 seq.blocks[first:len(shared)] = shared[first:]
                 seq.shared = len(shared) * size
 
-    def _register(self, seq: _Sequence, length: int) -> None:
-        """Make the full blocks that ``seq``'s prefill wrote findable by their tokens."""
+    def _register(self, seq: _Sequence, first: int, end: int) -> None:
+        """Make ``seq``'s full blocks ``first`` to ``end - 1`` findable by their tokens."""
         size = self.pool.block_size
-        with self._lock:
-            for i in range(seq.shared // size, length // size):
-                key = tuple(seq.tokens[:(i + 1) * size])
-                block = seq.blocks[i]
-                if key not in self._prefix and block not in self._block_key:
-                    self._prefix[key], self._block_key[block] = block, key
+        for i in range(first, end):
+            self.pool.cache(seq.blocks[i], self._key(seq, (i + 1) * size))
 
     def _prefill(self, seq: _Sequence) -> Event | None:
         """Run the prompt (and, after a preemption, the tokens written so far but the last)
@@ -659,10 +667,13 @@ class Engine:
             logits = self._prefill_step(idx, view)                       # (1, T, V)
         seq.cached = length
         self.prefilled += length - start
-        if self.prefix_caching:
-            self._register(seq, length)
+        if self.prefix_caching and not seq.request.prompt_logprobs:    # it looked them up
+            self.prefix_queries += length
+            self.prefix_hits += start
         if not _usable(logits[:, -1])[0]:
             return self._fail(seq)
+        if self.prefix_caching:
+            self._register(seq, start // self.pool.block_size, length // self.pool.block_size)
         if seq.generated:
             return None
         token = seq.choose(logits[:, -1])
@@ -690,11 +701,14 @@ class Engine:
         chosen = dict(zip(greedy, best))
         usable = _usable(logits)
         events = []
+        size = self.pool.block_size
         for i, seq in enumerate(rows):
             seq.cached += 1
             if not usable[i]:
                 events.append(self._fail(seq))
                 continue
+            if self.prefix_caching and not seq.cached % size:      # a block filled: cache it
+                self._register(seq, seq.cached // size - 1, seq.cached // size)
             token = chosen[i] if i in chosen else seq.choose(logits[i:i + 1])
             top = seq.request.logprobs
             logprob = None if top is None else token_logprobs(logits[i:i + 1], [token], top)[0]
@@ -734,17 +748,11 @@ class Engine:
                 self._waiting.appendleft(seq)
 
     def _free(self, seq: _Sequence) -> None:
-        """Give ``seq``'s blocks back (a shared one stays with its other users); those freed
-        are no longer found by their tokens."""
+        """Give ``seq``'s blocks back (a shared one stays with its other users; a cached one
+        that none holds stays findable, evictable)."""
         if seq.blocks:
-            self._release(seq.blocks)
+            self.pool.free(seq.blocks)
             seq.blocks = []
-
-    def _release(self, blocks: list[int]) -> None:
-        for block in self.pool.free(blocks):
-            key = self._block_key.pop(block, None)
-            if key is not None:
-                del self._prefix[key]
 
     def _accept(self, seq: _Sequence, token: int, logprob: TokenLogprob | None = None,
                 prompt_logprobs: list | None = None) -> Event:

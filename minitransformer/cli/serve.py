@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "switching when the oldest waiting request asks for another (as vLLM's "
         "--lora-modules, without mixing adapters in a batch)")
     add("--prefix-caching", action="store_true", help="share the KV blocks of prompts that "
-        "begin with the same tokens (fewer positions to prefill)")
+        "begin with the same tokens, and keep them after their requests end until the pool "
+        "needs them, least recently used first (fewer positions to prefill)")
     add("--device", help="default: minitransformer.default_device()")
     add("--threads", type=positive, help="CPU threads (default: OMP_NUM_THREADS, else the "
         "cores idle now)")

@@ -15,12 +15,16 @@ Without ``--data`` the benchmarks read the subsets committed in this repository
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from pathlib import Path
 
+import tqdm
+
 from minitransformer import evaluation as ev
 from minitransformer.served import ServedModel
+from minitransformer.training import BAR_FORMAT
 from minitransformer.cli.common import (
     CommandLineError,
     device,
@@ -75,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=seed, default=0, help="the bootstrap interval's seed "
         "(default 0)")
     add("--device", help="default: minitransformer.default_device()")
+    add("--no-progress", action="store_true", help="no progress bar (there is none when "
+        "stderr is not a terminal)")
 
 
 def _documents(args: argparse.Namespace) -> list[dict]:
@@ -132,15 +138,29 @@ def _end_of_text(tokenizer) -> int | None:
     return tokenizer.special_tokens.get("<|endoftext|>")
 
 
+def _in_chunks(score, docs: list, size: int, args: argparse.Namespace) -> list:
+    """``score(chunk)`` (a list, one entry per item) over chunks of ``size`` items, with a
+    progress bar on stderr when it is a terminal."""
+    bar = tqdm.tqdm(total=len(docs), desc=args.task, unit="item", mininterval=0.5,
+                    bar_format=BAR_FORMAT, disable=True if args.no_progress else None)
+    out = []
+    with contextlib.closing(bar):
+        for start in range(0, len(docs), size):
+            out += score(docs[start:start + size])
+            bar.update(min(size, len(docs) - start))
+    return out
+
+
 def _score(model, tokenizer, docs: list[dict], args: argparse.Namespace) -> dict:
     end = _end_of_text(tokenizer)
     if args.task == "perplexity":
         if end is None:
             raise CommandLineError(f"--model {args.model}: its tokenizer has no <|endoftext|> "
                                    f"to predict a text's first token after")
-        scores = [ev.score_text(model, tokenizer, d["text"], prefix_id=end,   # refuses a
-                                window=args.window, stride=args.stride,      # window too long
-                                batch_size=args.batch_size) for d in docs]
+        scores = _in_chunks(lambda chunk: [ev.score_text(
+            model, tokenizer, d["text"], prefix_id=end, window=args.window,  # refuses a window
+            stride=args.stride, batch_size=args.batch_size) for d in chunk],  # too long
+            docs, 1, args)
         total = ev.TextScore.combine(scores)
         result = {"bits_per_byte": total.bits_per_byte, "perplexity": total.perplexity,
                   "tokens": total.num_tokens, "bytes": total.num_bytes}
@@ -156,10 +176,9 @@ def _score(model, tokenizer, docs: list[dict], args: argparse.Namespace) -> dict
         if room < 1:
             raise CommandLineError(f"--model {args.model}: a question fills its context of "
                                    f"{context} tokens, leaving no room for an answer")
-        answers = ev.generate_answers(model, tokenizer, prompts,
-                                      max_new_tokens=min(args.max_new_tokens, room),
-                                      eos_id=end, stop=STOP,
-                                      batch_size=args.batch_size)
+        answers = _in_chunks(lambda chunk: ev.generate_answers(
+            model, tokenizer, chunk, max_new_tokens=min(args.max_new_tokens, room), eos_id=end,
+            stop=STOP, batch_size=args.batch_size), prompts, args.batch_size, args)
         extracted = [ev.extract_last_number(a) for a in answers]
         targets = [ev.gsm8k_target(d) for d in docs]
         found = ev.exact_match(extracted, targets)
@@ -167,8 +186,9 @@ def _score(model, tokenizer, docs: list[dict], args: argparse.Namespace) -> dict
             {"answer": a, "extracted": x, "target": t, "exact_match": f}
             for a, x, t, f in zip(answers, extracted, targets, found)]}
     item = ev.hellaswag_item if args.task == "hellaswag" else ev.mmlu_item
-    scores = ev.score_multiple_choice(model, tokenizer, [item(d) for d in docs],
-                                      batch_size=args.batch_size)
+    scores = _in_chunks(lambda chunk: ev.score_multiple_choice(
+        model, tokenizer, chunk, batch_size=args.batch_size), [item(d) for d in docs],
+        8 * args.batch_size, args)
     return {**_accuracy("acc", [s.acc for s in scores], args.seed),
             **_accuracy("acc_norm", [s.acc_norm for s in scores], args.seed),
             "per_item": [s._asdict() for s in scores]}

@@ -9,7 +9,8 @@ The model is a model directory, a llama.cpp ``.gguf`` file (a Llama: SmolLM2's, 
 a greedy answer's last number (``exact_match``), ``perplexity`` by the rolling log-likelihood
 of a text (``bits_per_byte``, ``perplexity``), all through :mod:`minitransformer.evaluation`.
 Without ``--data`` the benchmarks read the subsets committed in this repository
-(``tests/data/eval``).
+(``tests/data/eval``). A progress bar counts the items on stderr when it is a terminal; ``--json``
+also keeps every item's score (``per_item``), so two runs can be compared item by item.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from pathlib import Path
 import tqdm
 
 from minitransformer import evaluation as ev
-from minitransformer.served import ServedModel
-from minitransformer.training import BAR_FORMAT
 from minitransformer.cli.common import (
     CommandLineError,
     device,
@@ -35,6 +34,8 @@ from minitransformer.cli.common import (
     read_text,
     seed,
 )
+from minitransformer.served import ServedModel
+from minitransformer.training import BAR_FORMAT
 
 TASKS = ("hellaswag", "mmlu", "gsm8k", "perplexity")
 #: where a GSM8K answer ends: lm-eval's ``until`` (its task's), and an empty line (zero-shot,

@@ -153,8 +153,8 @@ class ServedModel:
             reply = self._call("/v1/completions", {
                 "model": self.name, "prompt": [list(tokens) for tokens, _ in batch],
                 "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0})
-            choices = sorted(reply["choices"], key=lambda c: c["index"])
-            for choice, (tokens, n) in zip(choices, batch, strict=True):
+            choices = self._choices(reply, len(batch))
+            for choice, (tokens, n) in zip(choices, batch):
                 given = (choice.get("logprobs") or {}).get("token_logprobs") or []
                 values = given[len(given) - n:]
                 if len(given) != len(tokens) or n >= len(tokens) or None in values:
@@ -183,5 +183,14 @@ class ServedModel:
             if stop_token_ids:
                 body["stop_token_ids"] = list(stop_token_ids)
             reply = self._call("/v1/completions", body)
-            answers += [c["text"] for c in sorted(reply["choices"], key=lambda c: c["index"])]
+            answers += [c["text"] for c in self._choices(reply, len(body["prompt"]))]
         return answers
+
+    def _choices(self, reply: dict, count: int) -> list[dict]:
+        """A completion's ``count`` choices in order, or a ValueError that says so."""
+        choices = reply.get("choices")
+        if not isinstance(choices, list) or len(choices) != count:
+            raise ValueError(f"{self.url}/v1/completions answered "
+                             f"{len(choices) if isinstance(choices, list) else 'no'} choices "
+                             f"for {count} prompts")
+        return sorted(choices, key=lambda c: c["index"])

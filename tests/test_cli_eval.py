@@ -149,3 +149,17 @@ def test_mistakes_are_one_line_and_exit_2(model_dir, gguf_file, tmp_path):
         assert status == 2 and stdout == "", flags
         assert stderr.count("\n") == 1 and message in stderr, (flags, stderr)
     assert existing.read_text() == "mine"
+
+
+def test_smollm2_s_gguf_file_scores_as_the_stored_full_run(tmp_path):
+    """``--model smollm2``: the cached GGUF file; its first HellaSwag items' log-likelihoods
+    are those experiments/chapter20_evaluation.py stored (Llama.from_gguf, to 6 decimals)."""
+    out = tmp_path / "scores.json"
+    status, _, stderr = run("eval", "--model", "smollm2", "--task", "hellaswag", "--limit", 3,
+                            "--device", "cpu", "--json", out)
+    assert (status, stderr) == (0, "")
+    with open("experiments/chapter20_evaluation.json") as f:
+        stored = json.load(f)["hellaswag"]["Q4_1"][:3]
+    written = [item["log_likelihoods"] for item in json.loads(out.read_text())["per_item"]]
+    for ours, theirs in zip(written, stored, strict=True):
+        assert ours == pytest.approx(theirs, abs=1e-4)

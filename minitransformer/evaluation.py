@@ -24,6 +24,13 @@ shared word n-grams (:func:`word_ngrams`, :func:`contaminated`).
 A ``tokenizer`` here is anything with ``encode(text) -> list[int]`` that adds no special
 tokens (:class:`~minitransformer.bpe.BPETokenizer`, or transformers' with
 ``add_special_tokens=False``).
+
+A ``model`` is a :class:`~minitransformer.gpt.GPT` or :class:`~minitransformer.llama.Llama` in
+this process, or a :class:`~minitransformer.served.ServedModel`, a model behind a running
+server, scored through its completions endpoint (``echo`` and ``logprobs``); it is its own
+tokenizer. A served model reads two tokens fewer at a time (its
+:attr:`~minitransformer.served.ServedModel.window`), so items and windows longer than that are
+cut where they would not be in this process.
 """
 
 from __future__ import annotations
@@ -41,16 +48,24 @@ from torch import nn
 from minitransformer import _checks
 from minitransformer._modes import eval_mode
 from minitransformer.batching import generate_batch, left_pad
+from minitransformer.served import ServedModel
 
 # --------------------------------------------------------------------------- checks
 
-def _check_model(model: object) -> nn.Module:
+def _check_model(model: object) -> nn.Module | ServedModel:
     from minitransformer.gpt import GPT
     from minitransformer.llama import Llama
 
-    if not isinstance(model, (GPT, Llama)):
-        raise TypeError(f"model must be a GPT or a Llama, got {type(model).__name__}")
+    if not isinstance(model, (GPT, Llama, ServedModel)):
+        raise TypeError(f"model must be a GPT, a Llama or a ServedModel, got "
+                        f"{type(model).__name__}")
     return model
+
+
+def _window(model: nn.Module | ServedModel) -> int:
+    """The most tokens a scored token can be read after: the context length in this process,
+    two fewer on a server."""
+    return model.window if isinstance(model, ServedModel) else model.config.context_length
 
 
 def _encode(tokenizer: object, text: str) -> list[int]:
@@ -82,7 +97,10 @@ def _sequence_log_likelihoods(model: nn.Module, requests: list[tuple[list[int], 
     """For each ``(tokens, n)``: the sum of the log-probabilities of the last ``n`` tokens
     given those before them, and whether each is the model's greedy choice. Requests that
     read the same ``tokens[:-1]`` (one question's answers A-D) share one row; the rows go
-    through the model in left-padded batches, longest first."""
+    through the model in left-padded batches, longest first. A served model scores them
+    itself."""
+    if isinstance(model, ServedModel):
+        return model.log_likelihoods(requests, batch_size=batch_size)
     vocab = model.config.vocab_size
     device = model.token_embedding.weight.device
     for tokens, _ in requests:
@@ -139,7 +157,8 @@ def log_likelihoods(model: nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
     continuation's tokens.
 
     Args:
-        model: a :class:`~minitransformer.gpt.GPT` or :class:`~minitransformer.llama.Llama`.
+        model: a :class:`~minitransformer.gpt.GPT`, :class:`~minitransformer.llama.Llama` or
+            :class:`~minitransformer.served.ServedModel`.
         pairs: ``(context_ids, continuation_ids)``, each with at least one id.
         batch_size: how many pairs go through the model at once (left-padded).
 
@@ -153,7 +172,7 @@ def log_likelihoods(model: nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
     _check_model(model)
     _checks.check_int("batch_size", batch_size)
     _checks.check_type("pairs", pairs, (list, tuple), "a list of (context, continuation) ids")
-    width = model.config.context_length
+    width = _window(model)
     requests = []
     for i, pair in enumerate(pairs):
         _checks.check_type(f"pairs[{i}]", pair, (list, tuple), "a (context, continuation) pair")
@@ -168,7 +187,7 @@ def log_likelihoods(model: nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
             raise ValueError(f"pairs[{i}] has an empty {empty}: each needs at least one token")
         if len(continuation) > width:
             raise ValueError(f"pairs[{i}]'s continuation has {len(continuation)} tokens, more "
-                             f"than context_length={width}")
+                             f"than the model reads at once ({width})")
         requests.append(((context + continuation)[-(width + 1):], len(continuation)))
     return _sequence_log_likelihoods(model, requests, batch_size=batch_size)
 
@@ -334,13 +353,14 @@ def score_text(model: nn.Module, tokenizer: object, text: str, *, prefix_id: int
     _check_model(model)
     _check_text("text", text)
     _checks.check_int("prefix_id", prefix_id, low=0)
-    if prefix_id >= model.config.vocab_size:
+    if not isinstance(model, ServedModel) and prefix_id >= model.config.vocab_size:
         raise ValueError(f"prefix_id={prefix_id} is outside the vocabulary "
                          f"[0, {model.config.vocab_size})")
-    context = model.config.context_length
+    context = _window(model)
     window = context if window is None else _checks.check_int("window", window)
     if window > context:
-        raise ValueError(f"window must be at most context_length={context}, got {window}")
+        raise ValueError(f"window must be at most {context} (what the model reads at once), "
+                         f"got {window}")
     stride = window if stride is None else stride
     tokens = _encode(tokenizer, text)
     ids = [prefix_id] + tokens
@@ -355,20 +375,29 @@ def score_text(model: nn.Module, tokenizer: object, text: str, *, prefix_id: int
 def generate_answers(model: nn.Module, tokenizer: object, prompts: Sequence[str], *,
                      max_new_tokens: int, eos_id: int | None = None,
                      stop: Sequence[str] = (), batch_size: int = 8) -> list[str]:
-    """Greedy answers to ``prompts``, each cut before the first string of ``stop`` (lm-eval's
-    ``until``). ``tokenizer`` must also have ``decode(ids) -> str``."""
+    """Greedy answers to ``prompts``, each ended by ``eos_id`` and cut before the first string
+    of ``stop`` (lm-eval's ``until``). ``tokenizer`` must also have ``decode(ids) -> str``.
+    A served model writes them itself, ``batch_size`` prompts a request."""
     _check_model(model)
     _checks.check_type("prompts", prompts, (list, tuple), "a list of str")
     _checks.check_type("stop", stop, (list, tuple), "a list of str")
     for i, s in enumerate(stop):
         _check_text(f"stop[{i}]", s)
     _checks.check_int("batch_size", batch_size)
-    ids = [_encode(tokenizer, _check_text(f"prompts[{i}]", p)) for i, p in enumerate(prompts)]
-    answers = []
-    for start in range(0, len(ids), batch_size):
-        new = generate_batch(model, ids[start:start + batch_size], max_new_tokens,
-                             eos_id=eos_id, temperature=0.0)
-        answers += [tokenizer.decode([t for t in row if t != eos_id]) for row in new]
+    prompts = [_check_text(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
+    if isinstance(model, ServedModel):
+        # a special token writes no text on a server: a stop string that is one token (such
+        # as "<|im_end|>") stops as that token, which cuts the answer where the string would
+        ends = {model.token_id(s) for s in stop} | {eos_id}
+        answers = model.complete(prompts, max_tokens=max_new_tokens, stop=stop[:4],
+                                 stop_token_ids=sorted(ends - {None}), batch_size=batch_size)
+    else:
+        ids = [_encode(tokenizer, p) for p in prompts]
+        answers = []
+        for start in range(0, len(ids), batch_size):
+            new = generate_batch(model, ids[start:start + batch_size], max_new_tokens,
+                                 eos_id=eos_id, temperature=0.0)
+            answers += [tokenizer.decode([t for t in row if t != eos_id]) for row in new]
     for s in stop:
         answers = [a.split(s)[0] for a in answers]
     return answers

@@ -73,7 +73,7 @@ NEUTRAL = {"user": str,
 SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
             "frequency_penalty", "n", "stream", "stream_options", "model")
 CHAT_FIELDS = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", *SAMPLING}
-COMPLETION_FIELDS = {"prompt", "logprobs", "echo", *SAMPLING}
+COMPLETION_FIELDS = {"prompt", "logprobs", "echo", "stop_token_ids", *SAMPLING}
 #: The most alternatives per token that ``top_logprobs`` (chat) and ``logprobs``
 #: (completions) may ask for, as OpenAI's API allows.
 MAX_TOP_LOGPROBS = {"chat": 20, "completions": 5}
@@ -406,6 +406,18 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _stop_token_ids(body: dict, vocab_size: int) -> list[int]:
+    """vLLM's ``stop_token_ids`` of a completion: token ids that end it, as ``stop`` strings
+    do (a special token writes no text, so no string can stop at it)."""
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return []
+    if not _is_ids(ids) or not all(0 <= t < vocab_size for t in ids):
+        raise OpenAIError(f"stop_token_ids must be a list of token ids in [0, {vocab_size}), "
+                          f"got {_show(ids)}", param="stop_token_ids", code="invalid_value")
+    return list(ids)
+
+
 class _Settings:
     """The parameters common to both endpoints, checked."""
 
@@ -612,7 +624,9 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
     (:func:`~minitransformer.chat.stop_token_ids`: ``<|end|>`` or a role marker for the
     course's format, ``<|im_end|>`` and the other special tokens for SmolLM2's template), as
     ``minitransformer chat`` does; a completion ends at no token, as ``minitransformer
-    generate`` does (``stop`` strings end both). Special tokens write no text.
+    generate`` does, unless its ``stop_token_ids`` (vLLM's parameter) name some (``stop``
+    strings end both). Special tokens write no text. ``/tokenize`` takes a text of any length
+    that the body limit takes (an evaluation tokenizes a long text, then scores it in windows).
 
     The engine's LoRA adapters (``Engine(..., adapters=...)``) are served as models of their
     own names beside ``model_name``, as vLLM's ``--lora-modules``: ``/v1/models`` lists them
@@ -761,8 +775,9 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
         _check_prompt(len(ids), context, "messages")
         return ids
 
-    async def encode(text: str, param: str) -> list[int]:
-        check_length([text], param)
+    async def encode(text: str, param: str, fit: bool = True) -> list[int]:
+        if fit:
+            check_length([text], param)
         try:
             ids = await asyncio.to_thread(tokenizer.encode, text)
         except (TypeError, ValueError) as error:  # a lone surrogate is not UTF-8, for one
@@ -770,9 +785,11 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
                               code="invalid_value") from None
         return ids
 
-    async def prompt_list(prompt: object, n: int = 1) -> list[tuple[list[int], str]]:
+    async def prompt_list(prompt: object, n: int = 1, fit: bool = True
+                          ) -> list[tuple[list[int], str]]:
         """The prompts of a completion request, each as token ids and text: a string, a
-        list of strings, a list of token ids, or a list of lists of them."""
+        list of strings, a list of token ids, or a list of lists of them; ``fit``: each
+        leaves room in the context for a new token."""
         if isinstance(prompt, str) or _is_ids(prompt):
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt or not (
@@ -788,7 +805,7 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
         for k, given in enumerate(prompt):
             param = "prompt" if len(prompt) == 1 else f"prompt[{k}]"
             if isinstance(given, str):
-                ids, text = await encode(given, param), given
+                ids, text = await encode(given, param, fit), given
             else:
                 outside = next((t for t in given if not 0 <= t < vocab_size), None)
                 if outside is not None:
@@ -800,12 +817,13 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
             if not ids:
                 raise OpenAIError(f"{param} is empty: give the text to continue",
                                   param=param, code="invalid_value")
-            _check_prompt(len(ids), context, param)
+            if fit:
+                _check_prompt(len(ids), context, param)
             out.append((ids, text))
         return out
 
     async def prompt_ids(prompt: object) -> list[int]:
-        prompts = await prompt_list(prompt)
+        prompts = await prompt_list(prompt, fit=False)
         if len(prompts) != 1:
             raise OpenAIError(f"prompt must be one prompt here, got {len(prompts)}",
                               param="prompt", code="invalid_value")
@@ -832,11 +850,12 @@ def create_app(engine, tokenizer, *, model_name: str, max_queue: int = MAX_QUEUE
         settings = _Settings(body, COMPLETION_FIELDS, served, chat=False)
         choices = []
         prompts = await prompt_list(body.get("prompt"), settings.n)
+        stop_ids = _stop_token_ids(body, vocab_size)
         for ids, text in prompts:
             limit = _max_tokens(body, ("max_tokens",), len(ids), context, 16,
                                 low=0 if settings.echo else 1)
             for j in range(settings.n):
-                job = settings.request(ids, max(limit, 1), [], j)
+                job = settings.request(ids, max(limit, 1), stop_ids, j)
                 choices.append(_Choice(len(choices), job, keep=limit > 0,
                                        echo=text if settings.echo else None))
         return await _answer(request, worker, choices, settings, chat=False,

@@ -355,6 +355,9 @@ def test_tokenize_and_detokenize_as_vllm_names_them(served):
                                                        "prompt": "Hello there"}).json()
     ids = tokenizer.encode("Hello there")
     assert reply == {"count": len(ids), "max_model_len": 64, "tokens": ids}
+    long = "the cat " * 2000        # past the context: an evaluation scores it in windows
+    reply = httpx.post(served.url + "/tokenize", json={"prompt": long}).json()
+    assert reply["tokens"] == tokenizer.encode(long) and reply["count"] > 64
     reply = httpx.post(served.url + "/tokenize", json={"messages": HI}).json()
     assert reply["tokens"] == tokenizer.apply_chat_template(HI, add_generation_prompt=True)
     reply = httpx.post(served.url + "/tokenize", json={"messages": HI,
@@ -367,7 +370,7 @@ def test_tokenize_and_detokenize_as_vllm_names_them(served):
             ("/tokenize", {"model": "gpt-4", "prompt": "x"}, 404, "model_not_found"),
             ("/tokenize", {"prompt": 3}, 400, "invalid_type"),
             ("/tokenize", {"prompt": "x", "stream": True}, 400, "unknown_parameter"),
-            ("/tokenize", {"prompt": "the cat " * 2000}, 400, "context_length_exceeded"),
+            ("/tokenize", {"prompt": "the cat " * 100_000}, 413, "request_too_large"),
             ("/detokenize", {"tokens": [1, 300]}, 400, "invalid_value"),
             ("/detokenize", {"tokens": "abc"}, 400, "invalid_type"),
             ("/detokenize", {"tokens": [1, True]}, 400, "invalid_type")]:
@@ -444,3 +447,24 @@ def test_create_app_refuses_bad_options(served):
             ({"max_body_bytes": 0}, ValueError, "max_body_bytes")]:
         with pytest.raises(error, match=words):
             create_app(engine, tokenizer, model_name="m", **kwargs)
+
+
+def test_stop_token_ids_end_a_completion_as_vllm_s_do(served):
+    from minitransformer.generation import generate
+
+    ids = served.tokenizer.encode("Hello there")
+    new = generate(served.engine.model, torch.tensor([ids]), 6, temperature=0.0)[0, len(ids):]
+    new = new.tolist()
+    body = {"model": served.name, "prompt": ids, "max_tokens": 6, "temperature": 0}
+    (choice,) = httpx.post(served.url + "/v1/completions", json=body).json()["choices"]
+    assert (choice["text"], choice["finish_reason"]) == (served.tokenizer.decode(new),
+                                                         "length")
+    reply = httpx.post(served.url + "/v1/completions", timeout=60,
+                       json={**body, "stop_token_ids": [new[0]]}).json()
+    (choice,) = reply["choices"]
+    assert choice["text"] == "" and choice["finish_reason"] == "stop"
+    assert reply["usage"]["completion_tokens"] == 1      # the stop token, which writes nothing
+    for wrong in ([len(served.tokenizer) + 5], "7", [True]):
+        assert_openai_error(httpx.post(served.url + "/v1/completions", timeout=60,
+                                       json={**body, "stop_token_ids": wrong}),
+                            400, "invalid_value")

@@ -249,9 +249,10 @@ def int8_linear_fast(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = 
     With one scale per row on the CPU, PyTorch's ``_weight_int8pack_mm`` (the kernel gpt-fast
     calls) multiplies the int8 matrix itself: it takes bfloat16 rows, so ``x`` is rounded to
     bfloat16 (8 significant bits), the sums come back in bfloat16 and are multiplied by the
-    float32 scales here: ``y = s * bf16(bf16(x) q^T)``. Each output is then within
-    ``2^-8 (|x| |s q|^T)`` of :func:`int8_linear`'s (one rounding of ``x``, one of the sum)
-    plus float32's own rounding. Otherwise (per-block scales, another device, no such kernel)
+    float32 scales here: ``y = s * bf16(bf16(x) q^T)``. Each output is :func:`int8_linear`'s
+    of the rounded rows ``bf16(x)`` within ``2^-8`` of its size (the sum's rounding, as
+    measured on torch 2.13), hence within ``2^-9 |x| |s q|^T + 2^-8 |y|`` of
+    :func:`int8_linear`'s of ``x``, plus float32's own rounding. Otherwise (per-block scales, another device, no such kernel)
     blocks of rows are dequantised into a small buffer (:data:`INT8_CHUNK_VALUES`) and
     multiplied in float, equal to :func:`int8_linear` up to float rounding.
     """
@@ -348,16 +349,19 @@ def quantize_linears(model: nn.Module, *, group: str = "row",
     (:meth:`Int8Linear.from_linear`), in place, and return ``model``: weight-only int8, for
     decoding. Embeddings and norms stay as they are (an embedding is read one row per token);
     a head tied to the embedding gets its own int8 copy. Raises ``ValueError`` where a row does
-    not split into blocks, naming the layer."""
+    not split into blocks, naming the layer, and leaves the model as it was."""
     _checks.check_type("model", model, nn.Module, "an nn.Module")
     _checks.check_choice("group", group, ("row", "block"))
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
+    layers = []                        # all made first: a refusal leaves the model as it was
+    for name, module in model.named_modules():
+        for child_name, child in module.named_children():
             if type(child) is nn.Linear:
                 try:
                     layer = Int8Linear.from_linear(child, group=group, block_size=block_size)
                 except ValueError as exc:
                     raise ValueError(f"{(name + '.' if name else '') + child_name}: {exc}"
                                      ) from None
-                setattr(module, child_name, layer)
+                layers.append((module, child_name, layer))
+    for module, child_name, layer in layers:
+        setattr(module, child_name, layer)
     return model

@@ -309,7 +309,7 @@ def load_model(path: str | None, where: torch.device, *, dtype: str = "float32"
 
     if dtype != "float32" and where.type != "cpu":
         raise CommandLineError(f"--dtype {dtype} decodes on the CPU only (its kernel is "
-                               f"PyTorch's CPU one), not on --device {where}")
+                               f"PyTorch's CPU one), not on --device {where}: give --device cpu")
     if (dtype != "float32" and path is not None and (Path(path) / ADAPTER_CONFIG_FILE).is_file()
             and not (Path(path) / "config.json").is_file()):
         raise CommandLineError(f"--dtype {dtype} --model {path}: a LoRA adapter's layers are "

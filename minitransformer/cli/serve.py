@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     where = device(args.device)
     if args.dtype != "float32" and where.type != "cpu":
         raise CommandLineError(f"--dtype {args.dtype} decodes on the CPU only (its kernel is "
-                               f"PyTorch's CPU one), not on --device {where}")
+                               f"PyTorch's CPU one), not on --device {where}: give --device cpu")
     sock = listen(args.host, args.port)
     before = torch.get_num_threads()        # given back: main() may run inside a notebook
     try:

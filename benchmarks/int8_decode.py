@@ -16,7 +16,8 @@ Quality (smollm2): five chat prompts (SmolLM2's template, those of ``benchmarks/
 how many prompts give equal tokens, how many tokens agree before the first difference, and
 there the margin between float32's two best logits. Then float32's continuation is fed to both
 models in one pass: the largest difference of the logits over all positions, relative to the
-largest float32 logit.
+largest float32 logit, and at how many positions int8's best token is float32's (with the
+margins where it is not).
 
 Speed: batch 1, the first prompt continued by ``--tokens`` greedy tokens (prefill included),
 one untimed warm-up each, then ``--rounds`` rounds in which the two models take turns at going
@@ -85,22 +86,29 @@ def models(size: str) -> tuple[torch.nn.Module, torch.nn.Module, list[list[int]]
 
 
 def quality(f32, int8, prompts: list[list[int]], tokens: int) -> dict:
-    equal, parts, worst = 0, [], 0.0
+    equal, parts, worst, agree, margins = 0, [], 0.0, 0, []
     for ids in prompts:
         idx = torch.tensor([ids])
         a = generate(f32, idx, tokens, temperature=0)[0, len(ids):]
         b = generate(int8, idx, tokens, temperature=0)[0, len(ids):]
         same = int((a == b).int().cumprod(0).sum())
-        whole = torch.cat([idx[0], a]).unsqueeze(0)[:, :-1]
-        l32, l8 = f32(whole)[0][0], int8(whole)[0][0]              # (T, N)
+        whole = torch.cat([idx[0], a]).unsqueeze(0)
+        l32 = f32(whole)[0][0, len(ids) - 1:-1]                    # (tokens, N)
+        l8 = int8(whole)[0][0, len(ids) - 1:-1]
         worst = max(worst, float((l8 - l32).abs().max() / l32.abs().max()))
+        top = l32.topk(2, dim=-1).values
+        margin = top[:, 0] - top[:, 1]
+        picked = l8.argmax(-1) == l32.argmax(-1)                   # float32's token fed back
+        agree += int(picked.sum())
+        margins += [round(float(m), 4) for m in margin[~picked]]
         if same == tokens:
             equal += 1
         else:
-            top = l32[len(ids) - 1 + same].topk(2).values
-            parts.append({"parted_at": same, "float32_margin": round(float(top[0] - top[1]), 4)})
+            parts.append({"parted_at": same, "float32_margin": round(float(margin[same]), 4)})
     return {"prompts_equal": equal, "prompts": len(prompts), "parted": parts,
-            "max_logit_difference_relative": round(worst, 5)}
+            "max_logit_difference_relative": round(worst, 5),
+            "teacher_forced_agree": agree, "teacher_forced_positions": tokens * len(prompts),
+            "teacher_forced_margins_where_different": margins}
 
 
 def speed(f32, int8, ids: list[int], tokens: int, rounds: int) -> dict:
@@ -151,6 +159,10 @@ def main() -> None:
                 for part in q["parted"]:
                     print(f"  parted at token {part['parted_at']}, where float32's two best "
                           f"logits were {part['float32_margin']} apart")
+                print(f"  float32's tokens fed to both: int8's best is float32's at "
+                      f"{q['teacher_forced_agree']}/{q['teacher_forced_positions']} positions; "
+                      f"where not, float32's margin was at most "
+                      f"{max(q['teacher_forced_margins_where_different'], default=0):.3f}")
             s = figures[size]["speed"] = speed(f32, int8, prompts[0], args.tokens, args.rounds)
             print(f"  int8 {s['int8_tokens_per_s']:.1f} tokens/s, float32 "
                   f"{s['float32_tokens_per_s']:.1f}: median ratio {s['ratio']:.2f}x "

@@ -252,9 +252,10 @@ def int8_linear_fast(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = 
     float32 scales here: ``y = s * bf16(bf16(x) q^T)``. Each output is :func:`int8_linear`'s
     of the rounded rows ``bf16(x)`` within ``2^-8`` of its size (the sum's rounding, as
     measured on torch 2.13), hence within ``2^-9 |x| |s q|^T + 2^-8 |y|`` of
-    :func:`int8_linear`'s of ``x``, plus float32's own rounding. Otherwise (per-block scales, another device, no such kernel)
-    blocks of rows are dequantised into a small buffer (:data:`INT8_CHUNK_VALUES`) and
-    multiplied in float, equal to :func:`int8_linear` up to float rounding.
+    :func:`int8_linear`'s of ``x``, plus float32's own rounding. Otherwise (per-block
+    scales, another device, no such kernel) blocks of rows are dequantised into a small
+    buffer (:data:`INT8_CHUNK_VALUES`) and multiplied in float, equal to :func:`int8_linear`
+    up to float rounding.
     """
     out, width = q.shape
     rows = x.reshape(-1, width)

@@ -13,6 +13,10 @@ blocks when it multiplies more rows, as a serving engine's batch does. The block
 order of the additions, hence the rounding: the logits equal ``F.linear``'s up to float
 rounding, not bit for bit.
 
+A model whose linear layers are int8 (:func:`~minitransformer.quantize.quantize_linears`,
+chapter 19) hands the step the layers themselves (:func:`step_weight`), and
+:class:`RowProducts` calls each, which multiplies its int8 matrix.
+
 :class:`PackedWeight` keeps a copy of a weight in the layout oneDNN, PyTorch's CPU kernel
 library, packs a matrix into for its products (a serving engine's choice, ``pack_weights``):
 products of ``PACKED_MIN_ROWS`` rows or more read it. :class:`RowProducts` picks the way for

@@ -22,6 +22,13 @@ package's ``quants.quantize``; :mod:`minitransformer.gguf` reads them back):
 
 In both 4-bit formats value ``i`` of a block sits in the low nibble of byte ``i`` for
 ``i < 16`` and in the high nibble of byte ``i - 16`` otherwise.
+
+Then decoding from int8 weights (weight-only: the rows stay float): :class:`Int8Linear` keeps a
+linear layer's weight as absmax int8 with a float32 scale per row (or per block), and
+:func:`quantize_linears` puts one in place of every ``nn.Linear`` of a model, whose fast decode
+step then multiplies through them. :func:`int8_linear` is the product as the equation writes it
+(dequantise, multiply); :func:`int8_linear_fast`, which the layer calls, multiplies the int8
+matrix itself (``benchmarks/int8_decode.py`` times it against float32).
 """
 
 from __future__ import annotations
@@ -231,8 +238,8 @@ def _rows_of_bytes(x: Tensor, *parts: Tensor) -> Tensor:
 # A linear layer whose weight is kept as int8 ``q`` with float32 scales ``s`` (absmax, per row or
 # per block): ``y = x (s q)^T + b``. Only the weights are quantized; the rows ``x`` stay float.
 
-#: the rows of ``q`` that :func:`int8_linear_fast`'s fallback dequantises at a time (per 1,024
-#: values of a row), so that its float32 buffer stays about 256 KiB whatever the matrix's size
+#: the values of ``q`` that :func:`int8_linear_fast`'s fallback dequantises at a time (whole
+#: rows, at least one): its float32 buffer stays about 256 KiB whatever the matrix's size
 INT8_CHUNK_VALUES = 65536
 
 
@@ -254,7 +261,7 @@ def int8_linear_fast(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = 
     measured on torch 2.13), hence within ``2^-9 |x| |s q|^T + 2^-8 |y|`` of
     :func:`int8_linear`'s of ``x``, plus float32's own rounding. Otherwise (per-block
     scales, another device, no such kernel) blocks of rows are dequantised into a small
-    buffer (:data:`INT8_CHUNK_VALUES`) and multiplied in float, equal to :func:`int8_linear`
+    buffer (``INT8_CHUNK_VALUES`` values) and multiplied in float, equal to :func:`int8_linear`
     up to float rounding.
     """
     out, width = q.shape
@@ -290,7 +297,8 @@ class Int8Linear(nn.Module):
     ``(out, in)`` and absmax scales ``scale`` (``(out, 1)`` for ``group="row"``, ``(out,
     in / block_size, 1)`` for ``"block"``), and a float ``bias`` or none. Its forward is
     :func:`int8_linear_fast`; :func:`int8_linear` gives the same from the equation. Made from
-    a trained layer by :meth:`from_linear`, or all of a model's by :func:`quantize_linears`.
+    a trained layer by :meth:`from_linear`, or all of a model's by :func:`quantize_linears`;
+    a GPT's and a Llama's fast decode steps multiply through it.
     For inference: nothing in it learns."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = True,
@@ -336,6 +344,7 @@ class Int8Linear(nn.Module):
         return absmax_dequantize(self.weight_int8, self.scale)
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x (s q)^T + b`` for ``x`` ``(..., in)``, through :func:`int8_linear_fast`."""
         return int8_linear_fast(x, self.weight_int8, self.scale, self.bias)
 
     def extra_repr(self) -> str:

@@ -44,6 +44,15 @@ def greedy(model, ids: list[int], n: int, stops=()) -> list[int]:
     return new[:next((k for k, t in enumerate(new) if t in stops), len(new))]
 
 
+@pytest.mark.parametrize("command", ["chat", "generate", "serve"])
+def test_the_three_commands_take_dtype_float32_by_default(command):
+    status, stdout, _ = run(command, "--help")
+    assert status == 0 and "--dtype {float32,int8}" in stdout
+    from minitransformer.cli import build_parser
+    argv = {"generate": ["--prompt", "a"]}.get(command, [])
+    assert build_parser().parse_args([command, *argv]).dtype == "float32"
+
+
 def test_load_model_quantizes_every_linear_layer(model_dir):
     model, _ = common.load_model(str(model_dir), torch.device("cpu"), dtype="int8")
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())

@@ -359,9 +359,16 @@ def quantize_linears(model: nn.Module, *, group: str = "row",
     (:meth:`Int8Linear.from_linear`), in place, and return ``model``: weight-only int8, for
     decoding. Embeddings and norms stay as they are (an embedding is read one row per token);
     a head tied to the embedding gets its own int8 copy. Raises ``ValueError`` where a row does
-    not split into blocks, naming the layer, and leaves the model as it was."""
+    not split into blocks, naming the layer, or over LoRA layers (merge them first), and leaves
+    the model as it was."""
+    from minitransformer.lora import LoRALinear        # lora imports the models, which import us
+
     _checks.check_type("model", model, nn.Module, "an nn.Module")
     _checks.check_choice("group", group, ("row", "block"))
+    adapted = [name for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+    if adapted:
+        raise ValueError(f"{adapted[0]} is a LoRA layer: merge the adapters first "
+                         f"(lora.merge_lora), then quantize")
     layers = []                        # all made first: a refusal leaves the model as it was
     for name, module in model.named_modules():
         for child_name, child in module.named_children():

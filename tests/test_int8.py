@@ -127,6 +127,10 @@ def test_bad_input_is_refused_by_name():
     assert not any(isinstance(m, Int8Linear) for m in model.modules())    # left as it was
     with pytest.raises(TypeError, match="model"):
         quantize_linears("a model")
+    from minitransformer.lora import add_lora
+    adapted = add_lora(tiny_models()[0], r=2, alpha=4.0)
+    with pytest.raises(ValueError, match="LoRA layer: merge the adapters first"):
+        quantize_linears(adapted)
 
 
 def tiny_models():

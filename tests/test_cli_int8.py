@@ -159,6 +159,10 @@ def test_bad_combinations_are_refused_in_one_line(model_dir, tmp_path, monkeypat
     with pytest.raises(common.CommandLineError, match="CPU only.*--device cpu"):
         common.load_model(str(model_dir), torch.device("cuda"), dtype="int8")
     import minitransformer.cli.generate as generate_module
-    monkeypatch.setattr(generate_module, "device", lambda name: torch.device("cuda"))
+    import minitransformer.cli.serve as serve_module
+    for module in (generate_module, serve_module):
+        monkeypatch.setattr(module, "device", lambda name: torch.device("cuda"))
     assert "CPU only" in refused("generate", "--model", model_dir, "--prompt", "a",
+                                 "--dtype", "int8")
+    assert "CPU only" in refused("serve", "--model", model_dir, "--port", "0",
                                  "--dtype", "int8")

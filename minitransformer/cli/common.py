@@ -293,6 +293,13 @@ DEFAULT_MODEL = ("(default: SmolLM2-135M-Instruct, the GGUF file that `python -m
                  "minitransformer download smollm2` puts in the cache)")
 
 
+def check_dtype_device(dtype: str, where: torch.device) -> None:
+    """``--dtype int8`` runs on the CPU only: refused in one line on another device."""
+    if dtype != "float32" and where.type != "cpu":
+        raise CommandLineError(f"--dtype {dtype} decodes on the CPU only (its kernel is "
+                               f"PyTorch's CPU one), not on --device {where}: give --device cpu")
+
+
 def load_model(path: str | None, where: torch.device, *, dtype: str = "float32"
                ) -> tuple[torch.nn.Module, BPETokenizer]:
     """The model and tokenizer of ``--model``: a model directory (``save_pretrained``'s), a
@@ -302,14 +309,12 @@ def load_model(path: str | None, where: torch.device, *, dtype: str = "float32"
     from the cache (:func:`minitransformer.pretrained.smollm2_path`), never the network.
 
     ``dtype`` is ``--dtype``: ``"int8"`` replaces every linear layer by its
-    :class:`~minitransformer.quantize.Int8Linear` (:func:`~minitransformer.quantize.
-    quantize_linears`), refused in one line on another device than the CPU and for a LoRA
-    adapter directory (merge it first)."""
+    :class:`~minitransformer.quantize.Int8Linear`
+    (:func:`~minitransformer.quantize.quantize_linears`), refused in one line on another
+    device than the CPU and for a LoRA adapter directory (merge it first)."""
     from minitransformer.lora import ADAPTER_CONFIG_FILE
 
-    if dtype != "float32" and where.type != "cpu":
-        raise CommandLineError(f"--dtype {dtype} decodes on the CPU only (its kernel is "
-                               f"PyTorch's CPU one), not on --device {where}: give --device cpu")
+    check_dtype_device(dtype, where)
     if (dtype != "float32" and path is not None and (Path(path) / ADAPTER_CONFIG_FILE).is_file()
             and not (Path(path) / "config.json").is_file()):
         raise CommandLineError(f"--dtype {dtype} --model {path}: a LoRA adapter's layers are "

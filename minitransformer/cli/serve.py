@@ -28,6 +28,7 @@ from minitransformer.cli.common import (
     PROG,
     CommandLineError,
     add_dtype_flag,
+    check_dtype_device,
     device,
     load_model,
     nonnegative,
@@ -112,9 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                f"float32 linear layers; serve a merged model in int8 instead "
                                f"(finetune --merge)")
     where = device(args.device)
-    if args.dtype != "float32" and where.type != "cpu":
-        raise CommandLineError(f"--dtype {args.dtype} decodes on the CPU only (its kernel is "
-                               f"PyTorch's CPU one), not on --device {where}: give --device cpu")
+    check_dtype_device(args.dtype, where)             # before the socket: refused at once
     sock = listen(args.host, args.port)
     before = torch.get_num_threads()        # given back: main() may run inside a notebook
     try:

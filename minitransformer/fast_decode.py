@@ -13,6 +13,10 @@ blocks when it multiplies more rows, as a serving engine's batch does. The block
 order of the additions, hence the rounding: the logits equal ``F.linear``'s up to float
 rounding, not bit for bit.
 
+A model whose linear layers are int8 (:func:`~minitransformer.quantize.quantize_linears`,
+chapter 19) hands the step the layers themselves (:func:`step_weight`), and
+:class:`RowProducts` calls each, which multiplies its int8 matrix.
+
 :class:`PackedWeight` keeps a copy of a weight in the layout oneDNN, PyTorch's CPU kernel
 library, packs a matrix into for its products (a serving engine's choice, ``pack_weights``):
 products of ``PACKED_MIN_ROWS`` rows or more read it. :class:`RowProducts` picks the way for
@@ -37,7 +41,9 @@ from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+
+from minitransformer.quantize import Int8Linear
 
 FAST_PIECES = 8  # the blocks of rows a fast step's products cut a matrix into
 # below this many numbers (1 MiB of float32) a matrix is read in less time than the blocks'
@@ -193,11 +199,12 @@ class RowProducts:
         pack_weights: keep a packed copy of every weight (see :class:`PackedWeight`).
     """
 
-    def __init__(self, weights: Iterable[Tensor], *, pack_weights: bool = False):
+    def __init__(self, weights: Iterable[Tensor | Int8Linear], *, pack_weights: bool = False):
         self.packs: dict[int, PackedWeight] = {}
         if pack_weights:
             for weight in weights:
-                self.packs[id(weight)] = PackedWeight(weight)
+                if isinstance(weight, Tensor):           # an int8 layer multiplies its own
+                    self.packs[id(weight)] = PackedWeight(weight)
             for pack in self.packs.values():
                 pack.current()                           # packed now, not at the first call
 
@@ -207,12 +214,15 @@ class RowProducts:
         return (bool(self.packs) and not torch.is_grad_enabled()
                 and next(iter(self.packs.values())).can_pack())
 
-    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+    def __call__(self, x: Tensor, weight: Tensor | Int8Linear, bias: Tensor | None = None, *,
                  packed: bool, blockwise: bool) -> Tensor:
         """``F.linear(x, weight, bias)`` up to rounding: through the packed copy for
         ``PACKED_MIN_ROWS`` rows or more when ``packed``, else through :func:`row_product` when
         ``blockwise`` (:func:`pieces_pay`) and :func:`blocks_pay` finds it faster, else
-        ``F.linear``."""
+        ``F.linear``. A ``weight`` that is an :class:`~minitransformer.quantize.Int8Linear`
+        (:func:`step_weight`) is that layer's own product, its bias included."""
+        if not isinstance(weight, Tensor):
+            return weight.forward(x)                     # no hooks: the step checked
         if packed and x.shape[0] >= PACKED_MIN_ROWS:
             out = self.packs[id(weight)](x, bias)
             if out is not None:
@@ -220,3 +230,10 @@ class RowProducts:
         if blockwise and blocks_pay(x, weight):
             return row_product(x, weight, bias)
         return F.linear(x, weight, bias)
+
+
+def step_weight(linear: nn.Linear | Int8Linear) -> Tensor | Int8Linear:
+    """What a fast decode step multiplies by for a linear layer: an ``nn.Linear``'s weight
+    tensor, or an :class:`~minitransformer.quantize.Int8Linear` itself (weight-only int8,
+    chapter 19), which :class:`RowProducts` calls."""
+    return linear.weight if isinstance(linear, nn.Linear) else linear

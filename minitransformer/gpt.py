@@ -25,7 +25,7 @@ from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache
 from minitransformer.attention import MultiHeadAttention
-from minitransformer.fast_decode import RowProducts, pieces_pay
+from minitransformer.fast_decode import RowProducts, pieces_pay, step_weight
 from minitransformer.layers import EncoderLayer, FeedForward, LayerNorm, _dropout
 from minitransformer.lm import (
     INIT_STD,
@@ -41,6 +41,7 @@ from minitransformer.lm import (
 from minitransformer.masks import causal_mask
 from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.pretrained import Rename
+from minitransformer.quantize import Int8Linear
 
 POSITIONAL = ("learned", "sinusoidal")
 GELUS = ("gelu", "gelu_tanh")  # exact, and the tanh approximation GPT-2 uses (chapter 13)
@@ -145,9 +146,14 @@ class _BlockWeights(NamedTuple):
         attn, ff = layer.self_attn, layer.feed_forward
         q, k, v, out, l1, l2 = (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj,
                                 ff.linear1, ff.linear2)
-        return cls(cls.norm(layer.norm1), (q.weight, q.bias), (k.weight, k.bias),
-                   (v.weight, v.bias), (out.weight, out.bias), cls.norm(layer.norm2),
-                   (l1.weight, l1.bias), (l2.weight, l2.bias))
+        return cls(cls.norm(layer.norm1), cls.linear(q), cls.linear(k), cls.linear(v),
+                   cls.linear(out), cls.norm(layer.norm2), cls.linear(l1), cls.linear(l2))
+
+    @staticmethod
+    def linear(linear: nn.Linear | Int8Linear) -> tuple[Tensor | Int8Linear, Tensor | None]:
+        """``(weight, bias)``; an int8 layer is ``(layer, None)``: it adds its own bias."""
+        return ((linear.weight, linear.bias) if isinstance(linear, nn.Linear)
+                else (step_weight(linear), None))
 
 
 class GPT(nn.Module):
@@ -379,10 +385,10 @@ class GPT(nn.Module):
         """
         _checks.check_type("pack_weights", pack_weights, bool, "True or False")
         ordinary = self.make_decode_step()
-        if not self._is_as_built():
+        if not self._is_as_built(int8=True):
             return ordinary                              # forward itself, in eval mode
         blocks = [_BlockWeights.of(layer) for layer in self.layers]
-        final_norm, head = _BlockWeights.norm(self.norm), (self.head.weight, None)
+        final_norm, head = _BlockWeights.norm(self.norm), _BlockWeights.linear(self.head)
         width, heads = (self.config.d_model,), self.config.num_heads
         approximate = "tanh" if self.config.activation == "gelu_tanh" else "none"
         products = RowProducts([w for b in blocks for w, _ in (
@@ -424,18 +430,21 @@ class GPT(nn.Module):
 
         return step
 
-    def _is_as_built(self) -> bool:
+    def _is_as_built(self, *, int8: bool = False) -> bool:
         """Whether :meth:`make_decode_step`'s written-out pass computes this model's
         :meth:`forward`: GPT's own ``forward`` and ``embed``; every sub-module of a type that
         GPT builds (no subclass); pre-norm blocks with the config's GELU; no hooks (the step calls
-        no module, so a hook would not run) and no parametrized weights."""
+        no module, so a hook would not run) and no parametrized weights. ``int8``: the fast
+        step's question, which also follows int8 layers
+        (:func:`~minitransformer.quantize.quantize_linears`)."""
+        built = _BUILT_TYPES + (Int8Linear,) * int8
         cls = type(self)
         if (cls.forward is not GPT.forward or cls.embed is not GPT.embed
                 or cls._embed is not GPT._embed or cls._embed_at is not GPT._embed_at
                 or global_forward_hooks()):
             return False
         for module in self.modules():
-            if module is not self and type(module) not in _BUILT_TYPES:
+            if module is not self and type(module) not in built:
                 return False
             if (module._forward_hooks or module._forward_pre_hooks
                     or parametrize.is_parametrized(module)):

@@ -30,7 +30,7 @@ from torch.nn.utils import parametrize
 from minitransformer import _checks, pretrained
 from minitransformer._modes import eval_mode
 from minitransformer.cache import KVCache, check_kv_cache
-from minitransformer.fast_decode import RowProducts, pieces_pay
+from minitransformer.fast_decode import RowProducts, pieces_pay, step_weight
 from minitransformer.layers import (RMSNorm, SwiGLU, _check_layer_mask, _check_sequence,
                                     _dropout)
 from minitransformer.lm import (
@@ -44,6 +44,7 @@ from minitransformer.lm import (
     positions_from_mask,
 )
 from minitransformer.pretrained import Rename
+from minitransformer.quantize import Int8Linear
 from minitransformer.rotary import _angles, _check_head_dim, _rotate
 
 # transformers' LlamaForCausalLM name for each of our tensors (chapter 14); "{i}" is a layer.
@@ -359,10 +360,12 @@ class _BlockWeights(NamedTuple):
 
     @classmethod
     def of(cls, block: LlamaBlock) -> _BlockWeights:
+        """The weights (an int8 layer itself in place of its weight: ``step_weight``)."""
         attn, ff = block.self_attn, block.feed_forward
-        return cls(block.norm1.weight, attn.q_proj.weight, attn.k_proj.weight,
-                   attn.v_proj.weight, attn.out_proj.weight, block.norm2.weight,
-                   ff.gate_proj.weight, ff.up_proj.weight, ff.down_proj.weight)
+        w = step_weight
+        return cls(block.norm1.weight, w(attn.q_proj), w(attn.k_proj), w(attn.v_proj),
+                   w(attn.out_proj), block.norm2.weight, w(ff.gate_proj), w(ff.up_proj),
+                   w(ff.down_proj))
 
 
 class Llama(nn.Module):
@@ -548,12 +551,12 @@ class Llama(nn.Module):
         """
         _checks.check_type("pack_weights", pack_weights, bool, "True or False")
         ordinary = self.make_decode_step()
-        if not self._is_as_built():
+        if not self._is_as_built(int8=True):
             return ordinary                              # forward itself, in eval mode
         c = self.config
         blocks = [_BlockWeights.of(layer) for layer in self.layers]
         embedding, final_norm, head = (self.token_embedding.weight, self.norm.weight,
-                                       self.head.weight)
+                                       step_weight(self.head))
         width, eps = (c.d_model,), c.norm_eps
         products = RowProducts([w for b in blocks for w in (
             b.q_proj, b.k_proj, b.v_proj, b.out_proj, b.gate_proj, b.up_proj, b.down_proj)]
@@ -599,16 +602,19 @@ class Llama(nn.Module):
 
         return step
 
-    def _is_as_built(self) -> bool:
+    def _is_as_built(self, *, int8: bool = False) -> bool:
         """Whether :meth:`make_decode_step`'s written-out pass computes this model's
         :meth:`forward`: Llama's own methods, sub-modules of the types Llama builds, the
-        config's eps and head width, no hooks and no parametrized weights."""
+        config's eps and head width, no hooks and no parametrized weights. ``int8``: the
+        fast step's question, which also follows int8 layers
+        (:func:`~minitransformer.quantize.quantize_linears`)."""
+        built = _BUILT_TYPES + (Int8Linear,) * int8
         cls = type(self)
         if (cls.forward is not Llama.forward or cls._rotary is not Llama._rotary
                 or cls._rotary_at is not Llama._rotary_at or global_forward_hooks()):
             return False
         for module in self.modules():
-            if module is not self and type(module) not in _BUILT_TYPES:
+            if module is not self and type(module) not in built:
                 return False
             if (module._forward_hooks or module._forward_pre_hooks
                     or parametrize.is_parametrized(module)):

@@ -22,12 +22,22 @@ package's ``quants.quantize``; :mod:`minitransformer.gguf` reads them back):
 
 In both 4-bit formats value ``i`` of a block sits in the low nibble of byte ``i`` for
 ``i < 16`` and in the high nibble of byte ``i - 16`` otherwise.
+
+Then decoding from int8 weights (weight-only: the rows stay float): :class:`Int8Linear` keeps a
+linear layer's weight as absmax int8 with a float32 scale per row (or per block), and
+:func:`quantize_linears` puts one in place of every ``nn.Linear`` of a model, whose fast decode
+step then multiplies through them. :func:`int8_linear` is the product as the equation writes it
+(dequantise, multiply); :func:`int8_linear_fast`, which the layer calls, multiplies the int8
+matrix itself (``benchmarks/int8_decode.py`` times it against float32).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from minitransformer import _checks
 
@@ -221,3 +231,154 @@ def _nibbles(q: Tensor) -> Tensor:
 
 def _rows_of_bytes(x: Tensor, *parts: Tensor) -> Tensor:
     return torch.cat(parts, dim=-1).reshape(*x.shape[:-1], -1)
+
+
+# ----- weight-only int8 decoding ----------------------------------------------------------------
+#
+# A linear layer whose weight is kept as int8 ``q`` with float32 scales ``s`` (absmax, per row or
+# per block): ``y = x (s q)^T + b``. Only the weights are quantized; the rows ``x`` stay float.
+
+#: the values of ``q`` that :func:`int8_linear_fast`'s fallback dequantises at a time (whole
+#: rows, at least one): its float32 buffer stays about 256 KiB whatever the matrix's size
+INT8_CHUNK_VALUES = 65536
+
+
+def int8_linear(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, s q, bias)`` from the equation: the int8 weight ``q`` ``(out, in)``
+    dequantised (:func:`absmax_dequantize`, a float copy of the whole matrix), then multiplied.
+    The reference that :func:`int8_linear_fast` is tested against."""
+    return F.linear(x, absmax_dequantize(q, scale).to(x.dtype), bias)
+
+
+def int8_linear_fast(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    """:func:`int8_linear` without a float copy of the whole matrix.
+
+    With one scale per row on the CPU, PyTorch's ``_weight_int8pack_mm`` (the kernel gpt-fast
+    calls) multiplies the int8 matrix itself: it takes bfloat16 rows, so ``x`` is rounded to
+    bfloat16 (8 significant bits), the sums come back in bfloat16 and are multiplied by the
+    float32 scales here: ``y = s * bf16(bf16(x) q^T)``. Each output is :func:`int8_linear`'s
+    of the rounded rows ``bf16(x)`` within ``2^-8`` of its size (the sum's rounding, as
+    measured on torch 2.13), hence within ``2^-9 |x| |s q|^T + 2^-8 |y|`` of
+    :func:`int8_linear`'s of ``x``, plus float32's own rounding. Otherwise (per-block
+    scales, another device, no such kernel) blocks of rows are dequantised into a small
+    buffer (``INT8_CHUNK_VALUES`` values) and multiplied in float, equal to :func:`int8_linear`
+    up to float rounding.
+    """
+    out, width = q.shape
+    rows = x.reshape(-1, width)
+    if scale.ndim == 2 and _int8pack_mm is not None and x.device.type == "cpu":
+        sums = _int8pack_mm(rows.to(torch.bfloat16), q, _ones_bf16(out))   # bf16(x) q^T
+        y = torch.mul(sums, scale.view(1, out)).to(x.dtype)       # float32 s, float32 y
+    else:
+        chunk = max(1, INT8_CHUNK_VALUES // width)
+        y = rows.new_empty(rows.shape[0], out)
+        buffer = rows.new_empty(min(chunk, out), width)
+        for start in range(0, out, chunk):
+            block = buffer[:min(chunk, out - start)]
+            torch.mul(q[start:start + len(block)],
+                      _expand_like(scale[start:start + len(block)], block), out=block)
+            torch.mm(rows, block.t(), out=y[:, start:start + len(block)])
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], out)
+
+
+_int8pack_mm = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
+
+
+@functools.lru_cache(maxsize=64)
+def _ones_bf16(size: int) -> Tensor:
+    """The kernel's own scales, all 1 (ours are float32, applied after it: exact)."""
+    return torch.ones(size, dtype=torch.bfloat16)
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights (weight-only quantization, chapter 19): ``weight_int8``
+    ``(out, in)`` and absmax scales ``scale`` (``(out, 1)`` for ``group="row"``, ``(out,
+    in / block_size, 1)`` for ``"block"``), and a float ``bias`` or none. Its forward is
+    :func:`int8_linear_fast`; :func:`int8_linear` gives the same from the equation. Made from
+    a trained layer by :meth:`from_linear`, or all of a model's by :func:`quantize_linears`;
+    a GPT's and a Llama's fast decode steps multiply through it.
+    For inference: nothing in it learns."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True,
+                 group: str = "row", block_size: int = BLOCK_SIZE,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        _checks.check_int("in_features", in_features)
+        _checks.check_int("out_features", out_features)
+        _checks.check_choice("group", group, ("row", "block"))
+        _checks.check_int("block_size", block_size)
+        if group == "block" and in_features % block_size:
+            raise ValueError(f"in_features={in_features} do not split into blocks of "
+                             f"{block_size}")
+        self.in_features, self.out_features = in_features, out_features
+        self.group, self.block_size = group, block_size
+        groups = (1,) if group == "row" else (in_features // block_size, 1)
+        self.register_buffer("weight_int8", torch.zeros(out_features, in_features,
+                                                        dtype=torch.int8, device=device))
+        self.register_buffer("scale", torch.ones(out_features, *groups, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, device=device, dtype=dtype)
+                             if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, group: str = "row",
+                    block_size: int = BLOCK_SIZE) -> Int8Linear:
+        """``linear``'s weight quantized by :func:`absmax_quantize` (8 bits, per row or per
+        block), its bias kept as it is, on its device."""
+        _checks.check_type("linear", linear, nn.Linear, "an nn.Linear")
+        weight = linear.weight.detach()
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                    group=group, block_size=block_size, device=weight.device,
+                    dtype=weight.dtype)
+        q, scale = absmax_quantize(weight, bits=8, group=group, block_size=block_size)
+        layer.weight_int8.copy_(q)
+        layer.scale.copy_(scale)
+        if linear.bias is not None:
+            layer.bias.copy_(linear.bias.detach())
+        return layer
+
+    def dequantized(self) -> Tensor:
+        """The float32 weight ``s q`` that the layer multiplies by."""
+        return absmax_dequantize(self.weight_int8, self.scale)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (s q)^T + b`` for ``x`` ``(..., in)``, through :func:`int8_linear_fast`."""
+        return int8_linear_fast(x, self.weight_int8, self.scale, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, group={self.group!r}"
+                + (f", block_size={self.block_size}" if self.group == "block" else ""))
+
+
+def quantize_linears(model: nn.Module, *, group: str = "row",
+                     block_size: int = BLOCK_SIZE) -> nn.Module:
+    """Replace every ``nn.Linear`` inside ``model`` by its :class:`Int8Linear`
+    (:meth:`Int8Linear.from_linear`), in place, and return ``model``: weight-only int8, for
+    decoding. Embeddings and norms stay as they are (an embedding is read one row per token);
+    a head tied to the embedding gets its own int8 copy. Raises ``ValueError`` where a row does
+    not split into blocks, naming the layer, or over LoRA layers (merge them first), and leaves
+    the model as it was."""
+    from minitransformer.lora import LoRALinear        # lora imports the models, which import us
+
+    _checks.check_type("model", model, nn.Module, "an nn.Module")
+    _checks.check_choice("group", group, ("row", "block"))
+    adapted = [name for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+    if adapted:
+        raise ValueError(f"{adapted[0]} is a LoRA layer: merge the adapters first "
+                         f"(lora.merge_lora), then quantize")
+    layers = []                        # all made first: a refusal leaves the model as it was
+    for name, module in model.named_modules():
+        for child_name, child in module.named_children():
+            if type(child) is nn.Linear:
+                try:
+                    layer = Int8Linear.from_linear(child, group=group, block_size=block_size)
+                except ValueError as exc:
+                    raise ValueError(f"{(name + '.' if name else '') + child_name}: {exc}"
+                                     ) from None
+                layers.append((module, child_name, layer))
+    for module, child_name, layer in layers:
+        setattr(module, child_name, layer)
+    return model

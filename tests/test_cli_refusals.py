@@ -131,7 +131,8 @@ def parse(*argv):
 def test_generate_and_chat_sample_alike_by_default():
     generate = parse("generate", "--model", "m", "--prompt", "a")
     chat = parse("chat", "--model", "m")
-    for key in ("temperature", "top_k", "seed", "max_new_tokens", "threads", "device"):
+    for key in ("temperature", "top_k", "seed", "max_new_tokens", "threads", "device",
+                "dtype"):
         assert getattr(generate, key) == getattr(chat, key), key
     assert generate.temperature == 0.8 and generate.top_k is None
     assert parse("chat", "--model", "m", "--top-k", "5").top_k == 5

@@ -349,11 +349,11 @@ def test_while_the_model_loads_every_request_gets_503_starting(model_dir, monkey
         sockets.append(listen(host, port))
         return sockets[-1]
 
-    def probed_load(folder, where):
+    def probed_load(folder, where, **dtype):
         port = sockets[0].getsockname()[1]
         during.append(_get(port))
         during.append(_get(port, "/v1/models"))
-        return load(folder, where)
+        return load(folder, where, **dtype)
 
     def one_request(app, sock, uvicorn):      # the socket still listens: a client connects
         client = socket.create_connection(sock.getsockname()[:2], timeout=5)

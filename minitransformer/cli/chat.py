@@ -19,6 +19,7 @@ from minitransformer.chat import apply_chat_template, stop_token_ids
 from minitransformer.cli.common import (
     DEFAULT_MODEL,
     CommandLineError,
+    add_dtype_flag,
     add_model_flags,
     add_sampling_flags,
     chat_tokens_of,
@@ -46,12 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     f".gguf file with a chat template {DEFAULT_MODEL}", metavar="DIR|FILE.gguf")
     add_sampling_flags(parser, length=f"the longest reply (default {MAX_NEW_TOKENS}, or as "
                        f"many as the model's context leaves)")
+    add_dtype_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     where = device(args.device)
     with using_threads(args.threads):
-        model, tokenizer = load_model(args.model, where)
+        model, tokenizer = load_model(args.model, where, dtype=args.dtype)
         return _converse(model, tokenizer, _stops(tokenizer, args.model), args, where)
 
 

@@ -88,6 +88,19 @@ def add_model_flags(parser: argparse.ArgumentParser, model: str | None, *,
     group.add_argument("--threads", type=positive, help=threads)
 
 
+#: --dtype of chat, generate and serve: the weights' precision while decoding
+DECODE_DTYPES = ("float32", "int8")
+
+
+def add_dtype_flag(parser: argparse.ArgumentParser) -> None:
+    """``--dtype float32|int8`` of ``chat``, ``generate`` and ``serve`` (:func:`load_model`'s
+    ``dtype``)."""
+    parser.add_argument("--dtype", choices=DECODE_DTYPES, default="float32",
+                        help="the weights while decoding: float32 (default), or int8: every "
+                        "linear layer's weight in 8 bits with one scale per row, multiplied "
+                        "without a float copy (weight-only, chapter 19; the CPU only)")
+
+
 def add_sampling_flags(parser: argparse.ArgumentParser, *, length: str) -> None:
     """``--max-new-tokens`` (``length`` says its default), ``--temperature``, ``--top-k``,
     ``--seed``: the same for ``generate`` and ``chat``."""
@@ -280,12 +293,41 @@ DEFAULT_MODEL = ("(default: SmolLM2-135M-Instruct, the GGUF file that `python -m
                  "minitransformer download smollm2` puts in the cache)")
 
 
-def load_model(path: str | None, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
+def check_dtype_device(dtype: str, where: torch.device) -> None:
+    """``--dtype int8`` runs on the CPU only: refused in one line on another device."""
+    if dtype != "float32" and where.type != "cpu":
+        raise CommandLineError(f"--dtype {dtype} decodes on the CPU only (its kernel is "
+                               f"PyTorch's CPU one), not on --device {where}: give --device cpu")
+
+
+def load_model(path: str | None, where: torch.device, *, dtype: str = "float32"
+               ) -> tuple[torch.nn.Module, BPETokenizer]:
     """The model and tokenizer of ``--model``: a model directory (``save_pretrained``'s), a
     LoRA adapter directory that ``finetune`` wrote (its base model, read from
     ``base_model_name_or_path``, with the adapter), or a llama.cpp ``.gguf`` file (a Llama,
     dequantised to float32, and the tokenizer in its metadata). ``None``: SmolLM2-135M-Instruct
-    from the cache (:func:`minitransformer.pretrained.smollm2_path`), never the network."""
+    from the cache (:func:`minitransformer.pretrained.smollm2_path`), never the network.
+
+    ``dtype`` is ``--dtype``: ``"int8"`` replaces every linear layer by its
+    :class:`~minitransformer.quantize.Int8Linear`
+    (:func:`~minitransformer.quantize.quantize_linears`), refused in one line on another
+    device than the CPU and for a LoRA adapter directory (merge it first)."""
+    from minitransformer.lora import ADAPTER_CONFIG_FILE
+
+    check_dtype_device(dtype, where)
+    if (dtype != "float32" and path is not None and (Path(path) / ADAPTER_CONFIG_FILE).is_file()
+            and not (Path(path) / "config.json").is_file()):
+        raise CommandLineError(f"--dtype {dtype} --model {path}: a LoRA adapter's layers are "
+                               f"not quantized; merge it first (finetune --merge writes "
+                               f"merged/)")
+    model, tokenizer = _load_model(path, where)
+    if dtype == "float32":
+        return model, tokenizer
+    from minitransformer.quantize import quantize_linears
+    return quantize_linears(model), tokenizer
+
+
+def _load_model(path: str | None, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
     from minitransformer.bpe import BPETokenizer
     from minitransformer.lora import ADAPTER_CONFIG_FILE, load_adapter
 

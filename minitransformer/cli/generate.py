@@ -10,6 +10,7 @@ import torch
 from minitransformer.cli.common import (
     DEFAULT_MODEL,
     CommandLineError,
+    add_dtype_flag,
     add_model_flags,
     add_sampling_flags,
     device,
@@ -30,12 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     + DEFAULT_MODEL, metavar="DIR|FILE.gguf")
     add_sampling_flags(parser, length=f"the most new tokens (default {MAX_NEW_TOKENS}, or as "
                        f"many as the model's context leaves after the prompt)")
+    add_dtype_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     where = device(args.device)
     with using_threads(args.threads):
-        model, tokenizer = load_model(args.model, where)
+        model, tokenizer = load_model(args.model, where, dtype=args.dtype)
         ids = tokenizer.encode(args.prompt)
         if not ids:
             raise CommandLineError("--prompt is empty: give the text to continue")

@@ -27,6 +27,8 @@ from minitransformer.bpe import BPETokenizer
 from minitransformer.cli.common import (
     PROG,
     CommandLineError,
+    add_dtype_flag,
+    check_dtype_device,
     device,
     load_model,
     nonnegative,
@@ -69,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "begin with the same tokens, and keep them after their requests end until the pool "
         "needs them, least recently used first (fewer positions to prefill)")
     add("--device", help="default: minitransformer.default_device()")
+    add_dtype_flag(parser)
     add("--threads", type=positive, help="CPU threads (default: OMP_NUM_THREADS, else the "
         "cores idle now)")
     # the queue, the API key, CORS (issues 40 and 43)
@@ -106,13 +109,18 @@ def run(args: argparse.Namespace) -> int:
     if args.lora and (folder / ADAPTER_CONFIG_FILE).is_file():
         raise CommandLineError(f"--model {folder} is a LoRA adapter: with --lora, give its "
                                f"base as --model and the adapter as --lora NAME={folder}")
+    if args.lora and args.dtype != "float32":
+        raise CommandLineError(f"--dtype {args.dtype} with --lora: the adapters run over "
+                               f"float32 linear layers; serve a merged model in int8 instead "
+                               f"(finetune --merge)")
     where = device(args.device)
+    check_dtype_device(args.dtype, where)             # before the socket: refused at once
     sock = listen(args.host, args.port)
     before = torch.get_num_threads()        # given back: main() may run inside a notebook
     try:
         torch.set_num_threads(threads(args.threads)[0])
         with answering_while_loading(sock):      # a probe meanwhile gets 503, not silence
-            model, tokenizer = load(folder, where)
+            model, tokenizer = load(folder, where, dtype=args.dtype)
             name = args.name or (folder.resolve().stem if folder.is_file()
                                  else folder.resolve().name)
             adapters = load_adapters(model, tokenizer, args.lora, name)
@@ -305,10 +313,11 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def load(folder: Path, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:
+def load(folder: Path, where: torch.device, *, dtype: str = "float32"
+         ) -> tuple[torch.nn.Module, BPETokenizer]:
     """The model and tokenizer of a model directory, a LoRA adapter directory that ``finetune``
-    wrote, or a .gguf file (as ``chat`` and ``generate`` load them)."""
-    return load_model(str(folder), where)
+    wrote, or a .gguf file (as ``chat`` and ``generate`` load them), in ``--dtype``."""
+    return load_model(str(folder), where, dtype=dtype)
 
 
 def serve(app, sock: socket.socket, uvicorn) -> None:

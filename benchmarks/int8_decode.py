@@ -1,0 +1,207 @@
+"""Weight-only int8 decoding against float32, in one run (issue 44, chapter 19).
+
+Run from the repository root:
+    .venv/bin/python benchmarks/int8_decode.py [--threads 1 2] [--rounds 5] [--tokens 64]
+        [--size smollm2] [--json FILE]
+
+``--size smollm2`` reads SmolLM2-135M-Instruct's GGUF file (``python -m minitransformer
+download smollm2``) twice: once kept in float32, once with every linear layer replaced by
+``minitransformer.quantize.quantize_linears`` (int8 weights, one absmax scale per row; the
+embedding stays float32). ``--size gpt2-small`` is a randomly initialised GPT of GPT-2 small's
+shape (124M parameters): speed only, since a random model's scores are too close for its
+greedy tokens to mean anything.
+
+Quality (smollm2): five chat prompts (SmolLM2's template, those of ``benchmarks/llama_cpp.py``),
+``--tokens`` greedy tokens each through ``generate`` (the fast step), float32 against int8:
+how many prompts give equal tokens, how many tokens agree before the first difference, and
+there the margin between float32's two best logits. Then float32's continuation is fed to both
+models in one pass: the largest difference of the logits over all positions, relative to the
+largest float32 logit, and at how many positions int8's best token is float32's (with the
+margins where it is not).
+
+Quality is measured on one thread (the tokens do not depend on it). Speed, at each of
+``--threads``: batch 1, the first prompt continued by ``--tokens`` greedy tokens (prefill included),
+one untimed warm-up each, then ``--rounds`` rounds in which the two models take turns at going
+first; the ratio is the median of the per-round ratios of tokens per second, int8 / float32,
+measured in the same run. The load average is printed first and last: on a busy machine the
+ratio means little (two threads that wait for each other suffer most in float32, whose
+products take longer).
+
+The target (issue 44): at least 1.7x float32's fast step on a quiet machine at 2 threads, and
+greedy tokens equal on at least 4 of 5 prompts over 64 tokens.
+
+Why it is faster: ``int8_linear_fast`` multiplies through PyTorch's ``_weight_int8pack_mm``,
+which reads the int8 matrix itself (a quarter of float32's bytes). It is fast only for
+bfloat16 rows on this CPU (AVX-512 with bfloat16 instructions): with float32 rows it took
+272 us for a 576 x 576 matrix against ``F.linear``'s 27 us, with bfloat16 rows 48 us for
+1536 x 576 against 122-156 us in float32, and SmolLM2's head (49,152 x 576) in 1.9 ms against
+5.7 ms (one thread, load about 1).
+
+Measured on the course's CPU (2 cores shared with other CPU-bound work, 2026-11-28), so not
+evidence for the target; a quiet measurement at 2 threads is still needed:
+
+* SmolLM2, quality: greedy tokens equal over 64 tokens on 0 of 5 prompts; they parted at tokens
+  59, 17, 6, 9 and 6, where float32's two best logits were 0.45, 0.068, 0.013, 0.19 and 0.0072
+  apart. Float32's tokens fed to both: int8's best token is float32's at 307 of 320 positions,
+  and where not, float32's margin was at most 0.40. The logits moved by at most 5.6% of the
+  largest. (Rounding the rows alone to bfloat16 moved them by 1.3%; int8 weights with a
+  float32 product by 5.6% per row and 3.5% per block of 32.)
+* SmolLM2, speed at 1 thread, load average 3.7: median ratio 1.33x (rounds 1.15-1.91; float32
+  13.0, int8 17.2 tokens/s). At 2 threads, load 3.3-6.9: both about 1-2.6 tokens/s, ratio 0.95x:
+  two threads that wait for each other on a busy machine measure the machine, not the kernels.
+* GPT-2 small's shape (random weights), 1 thread, load 5.8: median ratio 1.40x (rounds
+  1.33-1.66; float32 8.8, int8 12.8 tokens/s).
+* The products alone, one thread, SmolLM2's 210 layer matrices in a row (larger than the
+  cache): float32 ``F.linear`` 31 ms (about 14 GB/s), int8 ``_weight_int8pack_mm`` 18 ms
+  (about 6 GB/s of int8); at 2 threads int8 took 9.8 ms. Fusing the query, key and value
+  matrices (and gate and up) into one call each did not change the int8 time (22.8 against
+  22.7 ms). ``_weight_int4pack_mm_for_cpu`` with bfloat16 rows was no faster than int8 per
+  matrix (50 against 48 us for 1536 x 576).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from minitransformer import GPT, GPTConfig, Llama, generate  # noqa: E402
+from minitransformer.bpe import BPETokenizer  # noqa: E402
+from minitransformer.chat import apply_chat_template  # noqa: E402
+from minitransformer.pretrained import smollm2_path  # noqa: E402
+from minitransformer.quantize import quantize_linears  # noqa: E402
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
+           "How many legs does a spider have?", "Give me three tips for sleeping well.",
+           "What is 12 times 7?"]
+GPT2_SMALL = dict(vocab_size=50257, context_length=1024, num_layers=12, num_heads=12,
+                  d_model=768, activation="gelu_tanh")
+
+
+def models(size: str) -> tuple[torch.nn.Module, torch.nn.Module, list[list[int]]]:
+    """float32 model, its int8 twin, and the prompts' ids."""
+    if size == "smollm2":
+        path = smollm2_path()
+        tokenizer = BPETokenizer.from_gguf(path)
+        prompts = [apply_chat_template(tokenizer, [{"role": "user", "content": p}],
+                                       add_generation_prompt=True) for p in PROMPTS]
+        make = lambda: Llama.from_gguf(path).eval()       # noqa: E731
+    else:
+        torch.manual_seed(0)
+        state = GPT(GPTConfig(**GPT2_SMALL)).state_dict()
+        prompts = [torch.randint(0, 50257, (32,), generator=torch.Generator().manual_seed(i))
+                   .tolist() for i in range(len(PROMPTS))]
+
+        def make() -> torch.nn.Module:
+            model = GPT(GPTConfig(**GPT2_SMALL))
+            model.load_state_dict(state)
+            return model.eval()
+    return make(), quantize_linears(make()), prompts
+
+
+def quality(f32, int8, prompts: list[list[int]], tokens: int) -> dict:
+    equal, parts, worst, agree, margins = 0, [], 0.0, 0, []
+    for ids in prompts:
+        idx = torch.tensor([ids])
+        a = generate(f32, idx, tokens, temperature=0)[0, len(ids):]
+        b = generate(int8, idx, tokens, temperature=0)[0, len(ids):]
+        same = int((a == b).int().cumprod(0).sum())
+        whole = torch.cat([idx[0], a]).unsqueeze(0)
+        l32 = f32(whole)[0][0, len(ids) - 1:-1]                    # (tokens, N)
+        l8 = int8(whole)[0][0, len(ids) - 1:-1]
+        worst = max(worst, float((l8 - l32).abs().max() / l32.abs().max()))
+        top = l32.topk(2, dim=-1).values
+        margin = top[:, 0] - top[:, 1]
+        picked = l8.argmax(-1) == l32.argmax(-1)                   # float32's token fed back
+        agree += int(picked.sum())
+        margins += [round(float(m), 4) for m in margin[~picked]]
+        if same == tokens:
+            equal += 1
+        else:
+            parts.append({"parted_at": same, "float32_margin": round(float(margin[same]), 4)})
+    return {"prompts_equal": equal, "prompts": len(prompts), "parted": parts,
+            "max_logit_difference_relative": round(worst, 5),
+            "teacher_forced_agree": agree, "teacher_forced_positions": tokens * len(prompts),
+            "teacher_forced_margins_where_different": margins}
+
+
+def speed(f32, int8, ids: list[int], tokens: int, rounds: int) -> dict:
+    idx = torch.tensor([ids])
+
+    def tokens_per_second(model) -> float:
+        start = time.perf_counter()
+        generate(model, idx, tokens, temperature=0)
+        return tokens / (time.perf_counter() - start)
+
+    tokens_per_second(f32), tokens_per_second(int8)                 # warm-up
+    rows = []
+    for r in range(rounds):
+        order = (f32, int8) if r % 2 == 0 else (int8, f32)
+        got = {id(m): tokens_per_second(m) for m in order}
+        rows.append((got[id(f32)], got[id(int8)]))
+        print(f"  round {r + 1}: float32 {rows[-1][0]:.1f} tokens/s, int8 {rows[-1][1]:.1f} "
+              f"({rows[-1][1] / rows[-1][0]:.2f}x)", flush=True)
+    return {"float32_tokens_per_s": round(statistics.median(a for a, _ in rows), 2),
+            "int8_tokens_per_s": round(statistics.median(b for _, b in rows), 2),
+            "ratio": round(statistics.median(b / a for a, b in rows), 3),
+            "ratios": [round(b / a, 3) for a, b in rows]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[2],
+                        help="the speed at each of these thread counts (default 2)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--size", choices=["smollm2", "gpt2-small", "both"], default="smollm2")
+    parser.add_argument("--json", help="also write the figures to this file, as JSON")
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    print(f"torch {torch.__version__}, load average {load:.2f}")
+    figures: dict = {"tokens": args.tokens}
+    sizes = ["smollm2", "gpt2-small"] if args.size == "both" else [args.size]
+    with torch.no_grad():
+        for size in sizes:
+            f32, int8, prompts = models(size)
+            print(f"{size}:")
+            figures[size] = {}
+            if size == "smollm2":
+                torch.set_num_threads(1)                 # the tokens do not depend on it
+                q = figures[size]["quality"] = quality(f32, int8, prompts, args.tokens)
+                print(f"  greedy tokens equal on {q['prompts_equal']}/{q['prompts']} prompts "
+                      f"over {args.tokens} tokens; largest logit difference "
+                      f"{q['max_logit_difference_relative']:.2%} of the largest logit")
+                for part in q["parted"]:
+                    print(f"  parted at token {part['parted_at']}, where float32's two best "
+                          f"logits were {part['float32_margin']} apart")
+                print(f"  float32's tokens fed to both: int8's best is float32's at "
+                      f"{q['teacher_forced_agree']}/{q['teacher_forced_positions']} positions; "
+                      f"where not, float32's margin was at most "
+                      f"{max(q['teacher_forced_margins_where_different'], default=0):.3f}")
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                print(f"  {threads} thread{'s' * (threads > 1)}, load average "
+                      f"{os.getloadavg()[0]:.2f}:")
+                s = figures[size][f"speed_{threads}_threads"] = speed(
+                    f32, int8, prompts[0], args.tokens, args.rounds)
+                print(f"  int8 {s['int8_tokens_per_s']:.1f} tokens/s, float32 "
+                      f"{s['float32_tokens_per_s']:.1f}: median ratio {s['ratio']:.2f}x "
+                      f"(target >= 1.7x at 2 threads on a quiet machine)")
+            del f32, int8
+    end = os.getloadavg()[0]
+    print(f"load average {end:.2f} at the end")
+    figures["load_average"] = [round(load, 2), round(end, 2)]
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

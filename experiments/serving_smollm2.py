@@ -15,7 +15,7 @@ same default system prompt. Greedy, no end token, so each request writes exactly
 Each continuous run's tokens are compared with the sequential ones. The ratios are the median
 over ``--rounds`` rounds of each round's own ratio. Usage::
 
-    python experiments/serving_smollm2.py                  # about 5 minutes on 2 cores
+    python experiments/serving_smollm2.py                  # minutes, on one thread
     python experiments/serving_smollm2.py --requests 2 --max-tokens 2 --rounds 1 \\
         --out /tmp/serving.json                            # a smoke test (seconds)
 
@@ -111,7 +111,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="(default 1: on a shared machine, two threads that wait for "
+                        "each other were slower)")
     parser.add_argument("--out", type=Path, default=OUT)
     return parser
 
@@ -125,11 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     work = prompts(tokenizer, args.requests)
     rounds = []
     for number in range(args.rounds):
+        print(f"round {number + 1}: sequential", flush=True)
         seconds, reference = sequential(model, work, args.max_tokens)
+        print(f"  {seconds:.1f} s; continuous", flush=True)
         plain, tokens, counts = continuous(model, tokenizer, work, args.max_tokens,
                                            prefix_caching=False)
+        print(f"  {plain:.1f} s; continuous with prefix caching", flush=True)
         cached, cached_tokens, cached_counts = continuous(
             model, tokenizer, work, args.max_tokens, prefix_caching=True)
+        print(f"  {cached:.1f} s; first tokens", flush=True)
         ttft_off, prefilled_off = first_token_times(model, tokenizer, work,
                                                     prefix_caching=False)
         ttft_on, prefilled_on = first_token_times(model, tokenizer, work, prefix_caching=True)

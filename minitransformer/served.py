@@ -81,9 +81,9 @@ class ServedModel:
 
     @property
     def window(self) -> int:
-        """The most tokens a scored token can be read after: ``context_length - 2`` (a
+        """The most tokens a scored token can be read after, ``context_length - 2``, since a
         prompt of ``n`` tokens must leave room for one new token, and its last token is read
-        by no score)."""
+        by no score."""
         return self.context_length - 2
 
     def __repr__(self) -> str:

@@ -24,6 +24,7 @@ The rest a chapter imports from the module that defines it, and says so in its i
 * the real model of chapters 14 and 19: :mod:`minitransformer.gguf` (the file),
   :mod:`minitransformer.quantize`, :mod:`minitransformer.llama` and
   :mod:`minitransformer.generation` (``stream_tokens``, ``SamplingParams``);
+* chapter 20's measures: :mod:`minitransformer.evaluation`;
 * each chapter's exercise checks: ``minitransformer.exercises.chapterNN``.
 
 ``tests/test_package_exports.py`` holds the notebooks to this.

@@ -419,6 +419,11 @@ def extract_last_number(text: str) -> str | None:
     return number
 
 
+GSM8K_STOP = ["Question:", "</s>", "<|im_end|>", "\n\n"]
+"""Where a GSM8K answer ends: lm-eval's ``until`` (``"Question:"``, ``"</s>"``,
+``"<|im_end|>"``) and an empty line."""
+
+
 def gsm8k_target(doc: dict) -> str:
     """The reference answer of a GSM8K line: the number after ``####``."""
     return extract_last_number(doc["answer"].split("####")[-1])

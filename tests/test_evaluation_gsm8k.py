@@ -28,7 +28,7 @@ from cli_helpers import one_thread, run  # noqa: F401  (one_thread: an autouse f
 
 from minitransformer import evaluation as ev
 from minitransformer.bpe import BPETokenizer
-from minitransformer.cli.eval import STOP
+from minitransformer.evaluation import GSM8K_STOP as STOP
 from minitransformer.llama import Llama, LlamaConfig
 
 EOS = 756           # <|endoftext|> of tests/data/gpt2_tiny

@@ -40,7 +40,6 @@ from minitransformer.training import BAR_FORMAT
 TASKS = ("hellaswag", "mmlu", "gsm8k", "perplexity")
 #: where a GSM8K answer ends: lm-eval's ``until`` (its task's), and an empty line (zero-shot,
 #: the model would go on to a new question of its own)
-STOP = ["Question:", "</s>", "<|im_end|>", "\n\n"]
 SUBSETS = Path(__file__).resolve().parents[2] / "tests" / "data" / "eval"
 FIELDS = {"hellaswag": ("query", "choices", "label"),
           "mmlu": ("subject", "question", "choices", "answer"),
@@ -179,7 +178,7 @@ def _score(model, tokenizer, docs: list[dict], args: argparse.Namespace) -> dict
                                    f"{context} tokens, leaving no room for an answer")
         answers = _in_chunks(lambda chunk: ev.generate_answers(
             model, tokenizer, chunk, max_new_tokens=min(args.max_new_tokens, room), eos_id=end,
-            stop=STOP, batch_size=args.batch_size), prompts, args.batch_size, args)
+            stop=ev.GSM8K_STOP, batch_size=args.batch_size), prompts, args.batch_size, args)
         extracted = [ev.extract_last_number(a) for a in answers]
         targets = [ev.gsm8k_target(d) for d in docs]
         found = ev.exact_match(extracted, targets)

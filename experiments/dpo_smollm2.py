@@ -24,9 +24,7 @@ prompts it measures, before and after:
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import os
 import re
 import sys
 import time
@@ -38,7 +36,7 @@ from minitransformer.bpe import BPETokenizer
 from minitransformer.chat import end_of_turn_id
 from minitransformer.grpo import chat_prompts, chat_replies, sample_group
 from minitransformer.llama import Llama
-from minitransformer.lora import add_lora, trainable_parameters
+from minitransformer.lora import trainable_parameters
 from minitransformer.preferences import (
     dpo_batch,
     dpo_train,
@@ -47,7 +45,7 @@ from minitransformer.preferences import (
     preference_accuracy,
     sequence_log_probs,
 )
-from minitransformer.pretrained import smollm2_path
+from smollm2_common import LORA, clock, load_smollm2, lora_copy, timing, write_results
 
 TOPICS = (
     "a volcano", "rain", "the moon", "a bicycle", "bread", "a library", "a rainbow", "coffee",
@@ -61,10 +59,6 @@ TOPICS = (
 )
 QUESTION = "Tell me about {topic}."
 MAX_NEW_TOKENS = 40
-#: LoRA on the attention of the last ten of the 30 layers: the backward pass stops at layer 20,
-#: which makes a step about a third cheaper on this CPU than adapters in every layer.
-LORA_TARGETS = tuple(f"layers.{i}.self_attn.{name}" for i in range(20, 30)
-                     for name in ("q_proj", "k_proj", "v_proj", "out_proj"))
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -139,8 +133,7 @@ def measure(policy: Llama, reference: Llama, tokenizer: BPETokenizer, pairs: lis
 def run(base: Llama, tokenizer: BPETokenizer, train_pairs: list[dict], held_out: list[dict],
         held_out_rows: list[dict], *, beta: float, seed: int, steps: int, lr: float,
         batch_size: int) -> dict:
-    torch.manual_seed(seed)                      # the LoRA matrices' initialisation
-    policy = add_lora(copy.deepcopy(base), r=16, alpha=32, targets=LORA_TARGETS)
+    policy = lora_copy(base, seed)
     start = time.perf_counter()
     history = dpo_train(policy, tokenizer, train_pairs, reference=base, beta=beta, steps=steps,
                         lr=lr, batch_size=batch_size, seed=seed, progress=False)
@@ -171,14 +164,6 @@ def summarise(before: dict, runs: list[dict]) -> dict:
     return out
 
 
-def write(out: Path, results: dict) -> None:
-    """``results`` as JSON at ``out``, written whole or not at all (renamed into place)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".json.partial")
-    partial.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    partial.replace(out)
-
-
 def arguments() -> argparse.ArgumentParser:
     """The command line; its defaults are the settings of the stored results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -197,10 +182,8 @@ def arguments() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = arguments().parse_args(argv)
     torch.set_num_threads(args.threads)
-    began, load = time.perf_counter(), os.getloadavg()[0]
-    path = smollm2_path()
-    base, tokenizer = Llama.from_gguf(path), BPETokenizer.from_gguf(path)
-    base.requires_grad_(False)
+    start = clock()
+    base, tokenizer = load_smollm2()
     topics = list(TOPICS[:args.prompts])
     rows = prompt_rows(topics)
     replies = greedy(base, tokenizer, rows)              # the model's own answers: the data
@@ -222,8 +205,7 @@ def main(argv: list[str] | None = None) -> None:
             "argv": sys.argv[1:] if argv is None else argv,
             "settings": {"steps": args.steps, "seeds": args.seeds, "betas": args.betas,
                          "batch_size": args.batch_size, "lr": args.lr,
-                         "lora": {"r": 16, "alpha": 32,
-                                  "targets": "q, k, v, out of layers 20-29"},
+                         "lora": LORA,
                          "max_new_tokens": MAX_NEW_TOKENS, "train_pairs": len(train_pairs),
                          "held_out_pairs": len(held_out), "held_out_prompts": len(held_rows),
                          "threads": args.threads},
@@ -231,9 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             "before": before, "before_replies": [r for r, _ in replies[:4]], "runs": runs,
             "summary": summarise(before, runs) if runs else {},
             "complete": len(runs) == len(args.betas) * len(args.seeds),
-            "seconds": round(time.perf_counter() - began, 1),
-            "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
-            "torch": torch.__version__,
+            **timing(start),
         }
 
     for beta in args.betas:
@@ -245,9 +225,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"beta {beta} seed {seed}: accuracy {a['preference_accuracy']:.2f}, margin "
                   f"{a['margin']:.2f}, KL {a['kl']:.2f}, {a['words']:.1f} words, one sentence "
                   f"{a['one_sentence_rate']:.2f}, {result['train_seconds']:.0f} s", flush=True)
-            write(args.out, results())          # after every run: a kill keeps what is done
+            write_results(args.out, results())  # after every run: a kill keeps what is done
     final = results()
-    write(args.out, final)
+    write_results(args.out, final)
     print(json.dumps(final["summary"], indent=1))
     print(f"{final['seconds']:.0f} s in all, load average {final['load_average']}")
 

@@ -22,9 +22,7 @@ whose rewards are not all equal: only those carry a signal.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import os
 import random
 import re
 import sys
@@ -37,8 +35,8 @@ from minitransformer.bpe import BPETokenizer
 from minitransformer.chat import end_of_turn_id
 from minitransformer.grpo import chat_prompts, chat_replies, grpo_train, sample_group
 from minitransformer.llama import Llama
-from minitransformer.lora import add_lora, trainable_parameters
-from minitransformer.pretrained import smollm2_path
+from minitransformer.lora import trainable_parameters
+from smollm2_common import LORA, clock, load_smollm2, lora_copy, timing, write_results
 
 EXAMPLE = "3 + 4 = 7"
 QUESTION = "What is {a} + {b}? Reply with the equation and its result only, like {example}."
@@ -46,10 +44,6 @@ GROUP_SIZE = 4
 MAX_NEW_TOKENS = 12
 BONUS = 0.5
 REWARDS = ("correct", "correct+format")
-#: LoRA on the attention of the last ten of the 30 layers: the backward pass stops at layer 20,
-#: which makes a step about a third cheaper on this CPU than adapters in every layer.
-LORA_TARGETS = tuple(f"layers.{i}.self_attn.{name}" for i in range(20, 30)
-                     for name in ("q_proj", "k_proj", "v_proj", "out_proj"))
 
 
 def problems(num_held_out: int, *, seed: int = 1234) -> tuple[list[dict], list[dict]]:
@@ -118,8 +112,7 @@ def evaluate(model: Llama, tokenizer: BPETokenizer, rows: list[dict]) -> dict:
 
 def run(base: Llama, tokenizer: BPETokenizer, train_rows: list[dict], held_out: list[dict],
         *, bonus: bool, seed: int, steps: int, lr: float, batch_size: int) -> dict:
-    torch.manual_seed(seed)                      # the LoRA matrices' initialisation
-    model = add_lora(copy.deepcopy(base), r=16, alpha=32, targets=LORA_TARGETS)
+    model = lora_copy(base, seed)
     reward = Reward(bonus)
     start = time.perf_counter()
     history = grpo_train(model, tokenizer, train_rows, reward, steps=steps,
@@ -160,14 +153,6 @@ def summarise(base_eval: dict, runs: list[dict]) -> dict:
     return out
 
 
-def write(out: Path, results: dict) -> None:
-    """``results`` as JSON at ``out``, written whole or not at all (renamed into place)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".json.partial")
-    partial.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    partial.replace(out)
-
-
 def arguments() -> argparse.ArgumentParser:
     """The command line; its defaults are the settings of the stored results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -185,10 +170,8 @@ def arguments() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = arguments().parse_args(argv)
     torch.set_num_threads(args.threads)
-    began, load = time.perf_counter(), os.getloadavg()[0]
-    path = smollm2_path()
-    base, tokenizer = Llama.from_gguf(path), BPETokenizer.from_gguf(path)
-    base.requires_grad_(False)
+    start = clock()
+    base, tokenizer = load_smollm2()
     train_rows, held_out = problems(args.held_out)
     base_eval = evaluate(base, tokenizer, held_out)
     print(f"base: held-out accuracy {base_eval['accuracy']:.3f}, format "
@@ -202,16 +185,13 @@ def main(argv: list[str] | None = None) -> None:
             "settings": {"steps": args.steps, "seeds": args.seeds, "rewards": args.rewards,
                          "batch_size": args.batch_size, "group_size": GROUP_SIZE,
                          "max_new_tokens": MAX_NEW_TOKENS, "lr": args.lr,
-                         "lora": {"r": 16, "alpha": 32,
-                                  "targets": "q, k, v, out of layers 20-29"},
+                         "lora": LORA,
                          "bonus": BONUS, "train_problems": len(train_rows),
                          "held_out_problems": len(held_out), "threads": args.threads,
                          "temperature": 1.0, "loss_type": "grpo", "beta": 0.0},
             "base": base_eval, "runs": runs, "summary": summarise(base_eval, runs),
             "complete": len(runs) == len(args.rewards) * len(args.seeds),
-            "seconds": round(time.perf_counter() - began, 1),
-            "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
-            "torch": torch.__version__,
+            **timing(start),
         }
 
     for name in args.rewards:
@@ -222,9 +202,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name} seed {seed}: accuracy {result['after']['accuracy']:.3f}, format "
                   f"{result['after']['format_rate']:.3f}, {result['train_seconds']:.0f} s",
                   flush=True)
-            write(args.out, results())          # after every run: a kill keeps what is done
+            write_results(args.out, results())  # after every run: a kill keeps what is done
     final = results()
-    write(args.out, final)
+    write_results(args.out, final)
     print(json.dumps(final["summary"], indent=1))
     print(f"{final['seconds']:.0f} s in all, load average {final['load_average']}")
 

@@ -50,6 +50,7 @@ from minitransformer.llama import Llama  # noqa: E402
 from minitransformer.lora import add_lora, trainable_parameters  # noqa: E402
 from minitransformer.sft import sft_batch  # noqa: E402
 from minitransformer.training import train  # noqa: E402
+from smollm2_common import write_results  # noqa: E402
 
 OUT = HERE / "results" / "sft_smollm2.json"
 TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
@@ -356,9 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": [round(load, 1), round(os.getloadavg()[0], 1)],
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} thread(s)",
     }
-    partial = args.out.with_suffix(".partial")
-    partial.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    partial.replace(args.out)
+    write_results(args.out, results)
     done_file.unlink()
     print(f"wrote {args.out} in {results['wall_seconds']} s")
     return 0

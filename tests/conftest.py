@@ -10,6 +10,10 @@ import pytest
 import torch
 from hypothesis import settings
 
+# The tuning commands' base models and a model without chat tokens (test_cli_finetune, _dpo,
+# _grpo), trained on the requesting module's `data` fixture: fixtures of every module.
+from cli_helpers import base_flags, gpt_base, llama_base, plain_model  # noqa: F401
+
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 # A long search for counterexamples, by hand: pytest --hypothesis-profile=thorough
 settings.register_profile("thorough", max_examples=2000, deadline=None)

@@ -6,13 +6,16 @@ module's fixture.)"""
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import io
+import os
 
 import pytest
 import torch
 from torch import nn
 
-from minitransformer import GPT, GPTConfig, Llama, LlamaConfig
+from minitransformer import GPT, GPTConfig, Llama, LlamaConfig, pretrained
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -64,3 +67,36 @@ def tiny_llama(*, seed: int = 0, dtype: torch.dtype | None = None, **changes) ->
     them), drawn after ``torch.manual_seed(seed)``, in eval mode."""
     torch.manual_seed(seed)
     return Llama(LlamaConfig(**TINY_LLAMA | changes), dtype=dtype).eval()
+
+
+# --- SmolLM2 as transformers reads it, once per test process ---------------------------------
+# Reading the GGUF file, transformers parses its 49,152-token vocabulary in Python (about 4 s of
+# CPU for the tokenizer) and dequantises 135M numbers in numpy (about 17 s for the model).
+# Several modules compare against them; these load each once per process (each pytest-xdist
+# worker is one) instead of once per module.
+
+@functools.cache
+def _smollm2_transformers_tokenizer():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network
+    from transformers import AutoTokenizer
+
+    path = pretrained.smollm2_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def smollm2_transformers_tokenizer():
+    """transformers' tokenizer read from SmolLM2's GGUF file: a copy of the one loaded once
+    per process, for the caller to change as it likes (a chat template, ...)."""
+    return copy.deepcopy(_smollm2_transformers_tokenizer())
+
+
+@functools.cache
+def smollm2_transformers_model():
+    """transformers' model read from SmolLM2's GGUF file (float32, eval mode), loaded once per
+    process and shared: never change it (copy its config before changing that)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network
+    from transformers import AutoModelForCausalLM
+
+    path = pretrained.smollm2_path()
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                dtype=torch.float32).eval()

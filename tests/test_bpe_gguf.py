@@ -32,6 +32,7 @@ from minitransformer.bpe import (
     BPETokenizer,
     bytes_to_unicode,
 )
+from helpers import smollm2_transformers_tokenizer
 
 GGUF_PATH = Path("~/.cache/minitransformer/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser()
 DATA = Path(__file__).resolve().parent / "data"
@@ -65,7 +66,7 @@ def ours():
 
 @pytest.fixture(scope="module")
 def theirs():
-    return AutoTokenizer.from_pretrained(GGUF_PATH.parent, gguf_file=GGUF_PATH.name)
+    return smollm2_transformers_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from minitransformer.chat import (
     render_chat_template,
     stop_token_ids,
 )
+from helpers import smollm2_transformers_tokenizer
 
 GGUF_PATH = Path("~/.cache/minitransformer/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser()
 CORPUS = Path(__file__).resolve().parent.parent / "book" / "data" / "corpus.txt"
@@ -96,7 +97,7 @@ def ours():
 
 @pytest.fixture(scope="module")
 def theirs():
-    return AutoTokenizer.from_pretrained(GGUF_PATH.parent, gguf_file=GGUF_PATH.name)
+    return smollm2_transformers_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-import random
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,19 +17,25 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the network
 
-from minitransformer import GPT, BPETokenizer, GPTConfig, checkpoints  # noqa: E402
-from minitransformer.bpe import GPT2_PATTERN  # noqa: E402
+from minitransformer import GPT, BPETokenizer  # noqa: E402
 from minitransformer.cli import dpo as dpo_command  # noqa: E402
 from minitransformer.llama import Llama  # noqa: E402
 from minitransformer.preferences import DPO, dpo_batches  # noqa: E402
 from minitransformer.training import TrainingLoop, make_optimizer  # noqa: E402
-# one_thread is an autouse fixture: imported, it runs this module on one thread
-from cli_helpers import equal, one_thread, run, tensors, train_base  # noqa: E402, F401
+# one_thread is an autouse fixture: imported, it runs this module on one thread; gpt_base,
+# llama_base and plain_model come from conftest.py (cli_helpers.py's)
+from cli_helpers import (  # noqa: E402, F401
+    assert_same_run,
+    equal,
+    interrupt_after,
+    kill_after_checkpoint,
+    one_thread,
+    run,
+    tensors,
+    text_folder,
+    write,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-BASE = ["--steps", "4", "--batch-size", "4", "--context-length", "64", "--num-layers", "1",
-        "--num-heads", "2", "--d-model", "16", "--vocab-size", "280", "--no-progress",
-        "--device", "cpu", "--threads", "1"]
 QUICK = ["--steps", "6", "--batch-size", "4", "--lr", "1e-2", "--beta", "0.5", "--no-progress",
          "--device", "cpu", "--threads", "1", "--log-every", "3"]
 WORDS = ["cat", "dog", "bird", "fish", "ant", "owl"]
@@ -50,30 +51,11 @@ def pair(k: int) -> dict:
             "rejected": [{"role": "assistant", "content": other}]}
 
 
-def write(path: Path, lines: list) -> Path:
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
-                            for line in lines), "utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("data")
-    text = folder / "text.txt"
-    text.write_text((ROOT / "book" / "data" / "corpus.txt").read_text("utf-8")[:6000], "utf-8")
+    folder = text_folder(tmp_path_factory)
     write(folder / "pairs.jsonl", [pair(k) for k in range(12)])
     return folder
-
-
-@pytest.fixture(scope="module")
-def gpt_base(data, tmp_path_factory) -> Path:
-    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "gpt", BASE)
-
-
-@pytest.fixture(scope="module")
-def llama_base(data, tmp_path_factory) -> Path:
-    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "llama", BASE,
-                      "--arch", "llama")
 
 
 def test_help_lists_every_flag():
@@ -183,32 +165,16 @@ def test_interrupted_then_resumed_is_bit_identical(gpt_base, data, tmp_path, mon
     straight = tmp_path / "straight"
     assert run("dpo", "--out", straight, *flags)[0] == 0
     out = tmp_path / "stopped"
-    save = dpo_command.save_checkpoint
-
-    def save_then_stop(out, loop, *args, **kwargs):
-        save(out, loop, *args, **kwargs)
-        if loop.step == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(dpo_command, "save_checkpoint", save_then_stop)
+    plain_save = interrupt_after(monkeypatch, dpo_command, 3)
     status, _, stderr = run("dpo", "--out", out, *flags, "--save-every", "1")
     assert status == 130 and "interrupted" in stderr
-    monkeypatch.setattr(dpo_command, "save_checkpoint", save)
+    plain_save()
     status, stdout, stderr = run("dpo", "--out", out, *flags, "--resume")
     assert status == 0, stderr
     assert "resuming from step 3" in stdout and "step 6: loss" in stdout
-    assert equal(tensors(out / "model.safetensors"), tensors(straight / "model.safetensors"))
-    assert equal(checkpoints.load_tensors(out / "ckpt-6")[1],
-                 checkpoints.load_tensors(straight / "ckpt-6")[1])
+    assert_same_run(out, straight, 6)
     status, stdout, _ = run("dpo", "--out", out, *flags, "--resume")
     assert status == 0 and "is complete" in stdout
-
-
-def saved_step(out: Path) -> int:
-    try:
-        return json.loads((out / "trainer_state.json").read_text())["step"]
-    except (OSError, ValueError, KeyError):
-        return 0
 
 
 def test_sigkill_then_resume_is_bit_identical(gpt_base, data, tmp_path):
@@ -219,24 +185,11 @@ def test_sigkill_then_resume_is_bit_identical(gpt_base, data, tmp_path):
     straight = tmp_path / "straight"
     assert run("dpo", "--out", straight, *flags)[0] == 0
     out = tmp_path / "killed"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "minitransformer", "dpo", "--out", str(out), *map(str, flags),
-         "--save-every", "1"], env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    end = time.monotonic() + 120
-    while saved_step(out) < 3 and process.poll() is None and time.monotonic() < end:
-        time.sleep(0.01)
-    time.sleep(random.uniform(0.0, 0.05))   # a random moment, before the run can end
-    process.send_signal(signal.SIGKILL)
-    _, stderr = process.communicate()
-    step = saved_step(out)
-    assert process.returncode == -signal.SIGKILL and 3 <= step < 20, (step, stderr[-2000:])
+    step = kill_after_checkpoint("dpo", out, flags, steps=20)
     status, stdout, stderr = run("dpo", "--out", out, *flags, "--resume")
     assert status == 0, stderr
     assert f"resuming from step {step}" in stdout
-    assert equal(tensors(out / "model.safetensors"), tensors(straight / "model.safetensors"))
-    assert equal(checkpoints.load_tensors(out / "ckpt-20")[1],
-                 checkpoints.load_tensors(straight / "ckpt-20")[1])
+    assert_same_run(out, straight, 20)
 
 
 def test_resume_refuses_another_flag_a_changed_file_and_another_run(gpt_base, data, tmp_path):
@@ -282,17 +235,6 @@ def test_torchrun_is_refused_in_one_line(gpt_base, data, tmp_path, monkeypatch):
     assert status == 2 and stderr == "minitransformer: error: dpo runs in one process: " \
         "torchrun is not supported\n" and stdout == ""
     assert not (tmp_path / "out").exists()
-
-
-@pytest.fixture(scope="module")
-def plain_model(tmp_path_factory) -> Path:
-    """A model directory whose tokenizer has no chat tokens (written by an older train)."""
-    out = tmp_path_factory.mktemp("plain")
-    tokenizer = BPETokenizer.train("the cat sat on the mat " * 20, 262, pattern=GPT2_PATTERN)
-    tokenizer.save_pretrained(out)
-    GPT(GPTConfig(vocab_size=len(tokenizer), context_length=16, num_layers=1, num_heads=2,
-                  d_model=8)).save_pretrained(out)
-    return out
 
 
 CONVERSATIONAL = pair(0)

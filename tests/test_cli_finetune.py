@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,17 +16,27 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the network
 
-from minitransformer import GPT, BPETokenizer, GPTConfig, checkpoints  # noqa: E402
-from minitransformer.bpe import GPT2_PATTERN  # noqa: E402
+from minitransformer import GPT, BPETokenizer  # noqa: E402
 from minitransformer.chat import CHAT_TOKENS  # noqa: E402
 from minitransformer.llama import Llama  # noqa: E402
 from minitransformer.lora import load_adapter  # noqa: E402
 from minitransformer.sft import sft_batch  # noqa: E402
 from minitransformer.training import TrainingLoop, make_optimizer  # noqa: E402
-# one_thread is an autouse fixture: imported, it runs this module on one thread
-from cli_helpers import equal, one_thread, run, tensors, train_base  # noqa: E402, F401
+# one_thread is an autouse fixture: imported, it runs this module on one thread; gpt_base,
+# llama_base and plain_model come from conftest.py (cli_helpers.py's)
+from cli_helpers import (  # noqa: E402, F401
+    ROOT,
+    assert_same_run,
+    equal,
+    kill_after_checkpoint,
+    one_thread,
+    run,
+    subprocess_env,
+    tensors,
+    text_folder,
+    write,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 BASE = ["--steps", "4", "--batch-size", "4", "--context-length", "48", "--num-layers", "1",
         "--num-heads", "2", "--d-model", "16", "--vocab-size", "280", "--no-progress",
@@ -51,23 +58,16 @@ def conversation(k: int) -> dict:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("data")
-    text = folder / "text.txt"
-    text.write_text((ROOT / "book" / "data" / "corpus.txt").read_text("utf-8")[:6000], "utf-8")
+    folder = text_folder(tmp_path_factory)
     jsonl = folder / "chats.jsonl"
     jsonl.write_text("".join(json.dumps(conversation(k)) + "\n" for k in range(24)), "utf-8")
     return folder
 
 
 @pytest.fixture(scope="module")
-def gpt_base(data, tmp_path_factory) -> Path:
-    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "gpt", BASE)
-
-
-@pytest.fixture(scope="module")
-def llama_base(data, tmp_path_factory) -> Path:
-    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "llama", BASE,
-                      "--arch", "llama")
+def base_flags() -> list:
+    """The base models' flags: a context of 48 (the sft_batch reference below uses it)."""
+    return BASE
 
 
 def test_train_reserves_the_chat_tokens(gpt_base):
@@ -166,23 +166,6 @@ def test_lora_on_gpt_s_fused_query_key_value_is_refused_before_training(gpt_base
     assert not out.exists() and stdout == ""
 
 
-def write(path: Path, lines: list) -> Path:
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
-                            for line in lines), "utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def plain_model(tmp_path_factory) -> Path:
-    """A model directory whose tokenizer has no chat tokens (written by an older train)."""
-    out = tmp_path_factory.mktemp("plain")
-    tokenizer = BPETokenizer.train("the cat sat on the mat " * 20, 262, pattern=GPT2_PATTERN)
-    tokenizer.save_pretrained(out)
-    GPT(GPTConfig(vocab_size=len(tokenizer), context_length=16, num_layers=1, num_heads=2,
-                  d_model=8)).save_pretrained(out)
-    return out
-
-
 @pytest.mark.parametrize("name", ["not json", "missing role", "unknown role", "too long",
                                   "no chat format", "empty", "no messages", "no assistant",
                                   "merge without lora", "no such model", "an adapter",
@@ -247,17 +230,6 @@ def test_bad_input_is_one_line_naming_it(name, gpt_base, plain_model, data, tmp_
 
 # ----- processes ----------------------------------------------------------------------------
 
-def subprocess_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-
-
-def saved_step(out: Path) -> int:
-    try:
-        return json.loads((out / "trainer_state.json").read_text())["step"]
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 @pytest.mark.parametrize("mode", ["full", "lora"])
 def test_sigkill_then_resume_is_bit_identical(mode, llama_base, data, tmp_path):
     """A process killed at a random moment after a checkpoint (saved every step), then resumed
@@ -269,25 +241,12 @@ def test_sigkill_then_resume_is_bit_identical(mode, llama_base, data, tmp_path):
     straight = tmp_path / "straight"
     assert run("finetune", "--out", straight, *flags)[0] == 0
     out = tmp_path / "killed"
-    argv = [PYTHON, "-m", "minitransformer", "finetune", "--out", str(out),
-            *map(str, flags), "--save-every", "1"]
-    process = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-    end = time.monotonic() + 120
-    while saved_step(out) < 3 and process.poll() is None and time.monotonic() < end:
-        time.sleep(0.01)
-    time.sleep(random.uniform(0.0, 0.2))
-    process.send_signal(signal.SIGKILL)
-    _, stderr = process.communicate()
-    step = saved_step(out)
-    assert process.returncode == -signal.SIGKILL and 3 <= step < 30, (step, stderr[-2000:])
+    step = kill_after_checkpoint("finetune", out, flags, steps=30, pause=0.2)
     status, stdout, stderr = run("finetune", "--out", out, *flags, "--resume")
     assert status == 0, stderr
     assert f"resuming from step {step}" in stdout
-    weights = "adapter_model.safetensors" if lora else "model.safetensors"
-    assert equal(tensors(out / weights), tensors(straight / weights))
-    assert equal(checkpoints.load_tensors(out / "ckpt-30")[1],
-                 checkpoints.load_tensors(straight / "ckpt-30")[1])
+    assert_same_run(out, straight, 30,
+                    "adapter_model.safetensors" if lora else "model.safetensors")
     # the run is complete; --merge afterwards writes the merged model (LoRA only)
     status, stdout, stderr = run("finetune", "--out", out, *flags, "--resume",
                                  *(["--merge"] if lora else []))

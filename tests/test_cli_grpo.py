@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,21 +17,28 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the network
 
-from minitransformer import GPT, BPETokenizer, GPTConfig, checkpoints  # noqa: E402
-from minitransformer.bpe import GPT2_PATTERN  # noqa: E402
+from minitransformer import GPT, BPETokenizer  # noqa: E402
 from minitransformer.chat import END_OF_TURN, apply_chat_template  # noqa: E402
 from minitransformer.cli import grpo as grpo_command  # noqa: E402
 from minitransformer.data import reward_length  # noqa: E402
 from minitransformer.grpo import GRPO  # noqa: E402
 from minitransformer.llama import Llama  # noqa: E402
 from minitransformer.training import TrainingLoop, make_optimizer  # noqa: E402
-# one_thread is an autouse fixture: imported, it runs this module on one thread
-from cli_helpers import equal, one_thread, run, tensors, train_base  # noqa: E402, F401
+# one_thread is an autouse fixture: imported, it runs this module on one thread; gpt_base,
+# llama_base and plain_model come from conftest.py (cli_helpers.py's)
+from cli_helpers import (  # noqa: E402, F401
+    ROOT,
+    assert_same_run,
+    equal,
+    interrupt_after,
+    kill_after_checkpoint,
+    one_thread,
+    run,
+    tensors,
+    text_folder,
+    write,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-BASE = ["--steps", "4", "--batch-size", "4", "--context-length", "64", "--num-layers", "1",
-        "--num-heads", "2", "--d-model", "16", "--vocab-size", "280", "--no-progress",
-        "--device", "cpu", "--threads", "1"]
 QUICK = ["--steps", "6", "--batch-size", "3", "--group-size", "4", "--max-new-tokens", "6",
          "--lr", "1e-2", "--no-progress", "--device", "cpu", "--threads", "1",
          "--log-every", "3"]
@@ -52,31 +55,12 @@ def plain_row(k: int) -> dict:
     return {"prompt": f"Say {word}:", "answer": word}
 
 
-def write(path: Path, lines: list) -> Path:
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
-                            for line in lines), "utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("data")
-    text = folder / "text.txt"
-    text.write_text((ROOT / "book" / "data" / "corpus.txt").read_text("utf-8")[:6000], "utf-8")
+    folder = text_folder(tmp_path_factory)
     write(folder / "prompts.jsonl", [chat_row(k) for k in range(6)])
     write(folder / "plain.jsonl", [plain_row(k) for k in range(6)])
     return folder
-
-
-@pytest.fixture(scope="module")
-def gpt_base(data, tmp_path_factory) -> Path:
-    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "gpt", BASE)
-
-
-@pytest.fixture(scope="module")
-def llama_base(data, tmp_path_factory) -> Path:
-    return train_base(data / "text.txt", tmp_path_factory.mktemp("base") / "llama", BASE,
-                      "--arch", "llama")
 
 
 @pytest.fixture
@@ -234,32 +218,16 @@ def test_interrupted_then_resumed_is_bit_identical(gpt_base, data, tmp_path, mon
     straight = tmp_path / "straight"
     assert run("grpo", "--out", straight, *flags)[0] == 0
     out = tmp_path / "stopped"
-    save = grpo_command.save_checkpoint
-
-    def save_then_stop(out, loop, *args, **kwargs):
-        save(out, loop, *args, **kwargs)
-        if loop.step == 6:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(grpo_command, "save_checkpoint", save_then_stop)
+    plain_save = interrupt_after(monkeypatch, grpo_command, 6)
     status, _, stderr = run("grpo", "--out", out, *flags, "--save-every", "1")
     assert status == 130 and "interrupted" in stderr
-    monkeypatch.setattr(grpo_command, "save_checkpoint", save)
+    plain_save()
     status, stdout, stderr = run("grpo", "--out", out, *flags, "--resume")
     assert status == 0, stderr
     assert "resuming from round 3" in stdout and "round 6: reward" in stdout
-    assert equal(tensors(out / "model.safetensors"), tensors(straight / "model.safetensors"))
-    assert equal(checkpoints.load_tensors(out / "ckpt-12")[1],
-                 checkpoints.load_tensors(straight / "ckpt-12")[1])
+    assert_same_run(out, straight, 12)
     status, stdout, _ = run("grpo", "--out", out, *flags, "--resume")
     assert status == 0 and "is complete" in stdout
-
-
-def saved_step(out: Path) -> int:
-    try:
-        return json.loads((out / "trainer_state.json").read_text())["step"]
-    except (OSError, ValueError, KeyError):
-        return 0
 
 
 def test_sigkill_then_resume_is_bit_identical(gpt_base, data, tmp_path):
@@ -271,24 +239,11 @@ def test_sigkill_then_resume_is_bit_identical(gpt_base, data, tmp_path):
     straight = tmp_path / "straight"
     assert run("grpo", "--out", straight, *flags)[0] == 0
     out = tmp_path / "killed"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "minitransformer", "grpo", "--out", str(out), *map(str, flags),
-         "--save-every", "1"], env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    end = time.monotonic() + 120
-    while saved_step(out) < 3 and process.poll() is None and time.monotonic() < end:
-        time.sleep(0.01)
-    time.sleep(random.uniform(0.0, 0.05))   # a random moment, before the run can end
-    process.send_signal(signal.SIGKILL)
-    _, stderr = process.communicate()
-    step = saved_step(out)
-    assert process.returncode == -signal.SIGKILL and 3 <= step < 20, (step, stderr[-2000:])
+    step = kill_after_checkpoint("grpo", out, flags, steps=20)
     status, stdout, stderr = run("grpo", "--out", out, *flags, "--resume")
     assert status == 0, stderr
     assert f"resuming from round {step}" in stdout
-    assert equal(tensors(out / "model.safetensors"), tensors(straight / "model.safetensors"))
-    assert equal(checkpoints.load_tensors(out / "ckpt-20")[1],
-                 checkpoints.load_tensors(straight / "ckpt-20")[1])
+    assert_same_run(out, straight, 20)
 
 
 def test_resume_refuses_another_flag_a_changed_file_and_another_run(gpt_base, data, tmp_path):
@@ -311,17 +266,6 @@ def test_resume_refuses_another_flag_a_changed_file_and_another_run(gpt_base, da
     assert status == 2 and "is not what grpo writes" in stderr
     status, _, stderr = run("grpo", "--out", tmp_path / "none", *flags, "--resume")
     assert status == 2 and "nothing to resume" in stderr
-
-
-@pytest.fixture(scope="module")
-def plain_model(tmp_path_factory) -> Path:
-    """A model directory whose tokenizer has no chat tokens (written by an older train)."""
-    out = tmp_path_factory.mktemp("plain")
-    tokenizer = BPETokenizer.train("the cat sat on the mat " * 20, 262, pattern=GPT2_PATTERN)
-    tokenizer.save_pretrained(out)
-    GPT(GPTConfig(vocab_size=len(tokenizer), context_length=16, num_layers=1, num_heads=2,
-                  d_model=8)).save_pretrained(out)
-    return out
 
 
 ROW = chat_row(0)

@@ -16,6 +16,7 @@ import torch
 from minitransformer import pretrained
 from minitransformer.bpe import BPETokenizer
 from minitransformer.llama import Llama, LlamaConfig
+from helpers import smollm2_transformers_tokenizer
 
 EOS = 756   # <|endoftext|> of tests/data/gpt2_tiny, lm-eval's prefix for rolling windows
 
@@ -67,12 +68,9 @@ def test_tiny_llama_equals_lm_eval(tiny, tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    path = pretrained.smollm2_path()
-    model = Llama.from_gguf(path)
+    model = Llama.from_gguf(pretrained.smollm2_path())
     folder = tmp_path_factory.mktemp("smollm2")
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer = smollm2_transformers_tokenizer()
     model.save_pretrained(folder, bos_token_id=tokenizer.bos_token_id,
                           eos_token_id=tokenizer.eos_token_id)
     tokenizer.save_pretrained(folder)

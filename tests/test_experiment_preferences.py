@@ -50,7 +50,7 @@ def test_dpo_two_steps_write_what_the_chapter_reads(tmp_path):
                             "one_sentence_rate"}
     pair = results["example_pair"]
     assert pair["rejected"][0]["content"].startswith(pair["chosen"][0]["content"])
-    assert not out.with_suffix(".json.partial").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["dpo.json"]     # no temporary file left
 
 
 def test_grpo_two_steps_write_what_the_chapter_reads(tmp_path):
@@ -66,6 +66,7 @@ def test_grpo_two_steps_write_what_the_chapter_reads(tmp_path):
     for h in run["history"]:
         assert h["signal_fraction"] in (0.0, 1.0)          # one group a step
     assert len(results["base"]["replies"]) == 4
+    assert [p.name for p in tmp_path.iterdir()] == ["grpo.json"]    # no temporary file left
     assert set(results["summary"]["correct+format"]) >= {"accuracy_before", "accuracy_after",
                                                         "gain", "seed_spread",
                                                         "signal_fraction"}

@@ -29,7 +29,7 @@ def test_two_steps_write_what_the_chapter_reads(tmp_path):
                       "--max-new-tokens", "4", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert not out.with_suffix(".runs.jsonl").exists()       # the side file is gone
+    assert [p.name for p in tmp_path.iterdir()] == ["sft.json"]  # no side or temporary file
     runs = results["runs"]
     assert [(r["config"]["rank"], r["config"]["mask"]) for r in runs] == \
         [(0, True), (4, True), (4, False)]

@@ -1,10 +1,12 @@
 """gguf.save_llama (chapter 19): a Llama of the package written as llama.cpp's converter writes
 it, at F32, F16, Q8_0, Q4_0 and Q4_1, read back by llama.cpp's own gguf package (equal metadata,
 equal bytes), by Llama.from_gguf (the logits of the dequantised weights) and by transformers'
-GGUF loader (logits equal to ours); and SmolLM2 requantised, with its tokenizer."""
+GGUF loader (logits equal to ours); and SmolLM2 (its first two layers) requantised, with its
+tokenizer."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the network
@@ -156,10 +158,21 @@ def test_refusals(tmp_path, model, tokenizer):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.gguf"]
 
 
+SMOLLM2_LAYERS = 2
+
+
 @pytest.fixture(scope="module")
 def smollm2():
+    """SmolLM2's first ``SMOLLM2_LAYERS`` layers (its real weights, widths, heads and
+    vocabulary), its tokenizer, and the original file. Every layer is written and read alike,
+    so two stand for thirty: transformers reads the file in a third of the time."""
     path = pretrained.smollm2_path()
-    return Llama.from_gguf(path), BPETokenizer.from_gguf(path), GGUFFile(path)
+    full = Llama.from_gguf(path)
+    model = Llama(dataclasses.replace(full.config, num_layers=SMOLLM2_LAYERS)).eval()
+    model.load_state_dict({name: value for name, value in full.state_dict().items()
+                           if not name.startswith("layers.")
+                           or int(name.split(".")[1]) < SMOLLM2_LAYERS})
+    return model, BPETokenizer.from_gguf(path), GGUFFile(path)
 
 
 def test_smollm2_requantised_to_q8_0_is_read_by_transformers(tmp_path, smollm2):
@@ -169,8 +182,9 @@ def test_smollm2_requantised_to_q8_0_is_read_by_transformers(tmp_path, smollm2):
     save_llama(model, tmp_path / "q8.gguf", type="Q8_0", tokenizer=tok,
                metadata={"general.name": "SmolLM2 135M Instruct"})
     ours = GGUFFile(tmp_path / "q8.gguf")
+    assert ours.metadata["llama.block_count"] == SMOLLM2_LAYERS
     for key, value in original.metadata.items():
-        if key.startswith(("tokenizer.", "llama.")):
+        if key.startswith(("tokenizer.", "llama.")) and key != "llama.block_count":
             assert ours.metadata[key] == value, key
     assert {t.type for t in ours.tensors.values()} == {"Q8_0", "F32"}
     assert "output.weight" not in ours.tensors
@@ -186,7 +200,7 @@ def test_smollm2_requantised_to_q8_0_is_read_by_transformers(tmp_path, smollm2):
     with torch.no_grad():
         logits = loaded(idx)[0]
         torch.testing.assert_close(theirs(idx).logits, logits, atol=2e-3, rtol=1e-3)
-        # 8 bits of a 4-bit model: the same next token; logits of 10 to 30 move by 1.3 at most
+        # 8 bits of a 4-bit model: the same next token; the logits move by 0.22 at most
         before = model(idx)[0]
     assert int(logits[0, -1].argmax()) == int(before[0, -1].argmax())
-    assert float((logits - before).abs().max()) < 2.0
+    assert float((logits - before).abs().max()) < 0.5

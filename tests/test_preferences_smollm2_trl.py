@@ -39,6 +39,7 @@ from minitransformer.chat import apply_chat_template, end_of_turn_id
 from minitransformer.grpo import completion_batch, group_advantages, grpo_loss
 from minitransformer.llama import Llama, llama_names
 from minitransformer.preferences import DPO, dpo_batch, per_token_log_probs
+from helpers import smollm2_transformers_model, smollm2_transformers_tokenizer
 
 CONVERSATIONAL = [
     {"prompt": [{"role": "user", "content": "Tell me about the moon."}],
@@ -76,10 +77,8 @@ def tok(path):
 
 
 @pytest.fixture(scope="module")
-def their_tok(path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+def their_tok():
+    return smollm2_transformers_tokenizer()
 
 
 def perturb_norms(model: Llama) -> Llama:
@@ -94,12 +93,10 @@ def perturb_norms(model: Llama) -> Llama:
 
 
 @pytest.fixture(scope="module")
-def loaded(path):
-    """transformers' model read from the GGUF file (once: dequantising takes seconds)."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                dtype=torch.float32)
+def loaded():
+    """transformers' model read from the GGUF file (once per process: dequantising takes
+    seconds)."""
+    return smollm2_transformers_model()
 
 
 def test_transformers_reads_the_weights_we_read(path, loaded):

@@ -8,6 +8,7 @@ transformers and TRL on the real model.
   within 1e-5, TRL reading the same GGUF file through transformers.
 """
 
+import copy
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never the network
@@ -27,6 +28,7 @@ from minitransformer.chat import (
 )
 from minitransformer.llama import Llama
 from minitransformer.sft import sft_batch, sft_labels, sft_loss
+from helpers import smollm2_transformers_model, smollm2_transformers_tokenizer
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2 plus 3?"},
@@ -62,10 +64,8 @@ def tok(path) -> BPETokenizer:
 
 
 @pytest.fixture(scope="module")
-def their_tok(path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+def their_tok():
+    return smollm2_transformers_tokenizer()
 
 
 def test_the_gguf_template_is_the_one_marked(tok, their_tok):
@@ -111,15 +111,13 @@ def test_batch_pads_with_im_end(tok):
 
 def test_loss_equals_trl_sft_trainer(path, tok, their_tok, tmp_path):
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
     their_tok.chat_template = SMOLLM2_TRAINING_TEMPLATE
-    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                  dtype=torch.float32)
+    loaded = smollm2_transformers_model()
     # a model read from GGUF counts as quantized, which Trainer refuses: the same float32
     # weights in a plain model of the same config
-    config = loaded.config
+    config = copy.deepcopy(loaded.config)
     del config.quantization_config
     model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict())

@@ -31,6 +31,7 @@ from minitransformer import pretrained  # noqa: E402
 from minitransformer.generation import generate  # noqa: E402
 from minitransformer.gguf import GGUFFile  # noqa: E402
 from minitransformer.llama import Llama  # noqa: E402
+from helpers import smollm2_transformers_model, smollm2_transformers_tokenizer  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",
@@ -66,18 +67,14 @@ def ours(path) -> Llama:
 
 
 @pytest.fixture(scope="module")
-def theirs(path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+def theirs():
+    return smollm2_transformers_model()
 
 
 @pytest.fixture(scope="module")
-def prompts(path) -> list[torch.Tensor]:
+def prompts() -> list[torch.Tensor]:
     """The chat prompts as token ids, by transformers' tokenizer read from the GGUF file."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer = smollm2_transformers_tokenizer()
     out = []
     for text in PROMPTS:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],

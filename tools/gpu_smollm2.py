@@ -36,6 +36,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
@@ -44,17 +45,9 @@ from minitransformer.bpe import BPETokenizer  # noqa: E402
 from minitransformer.chat import apply_chat_template  # noqa: E402
 from minitransformer.generation import generate  # noqa: E402
 from minitransformer.llama import Llama  # noqa: E402
+from test_smollm2 import PROMPTS as SMOLLM2_PROMPTS  # noqa: E402
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain what a transformer is in one sentence.",
-    "List three prime numbers.",
-    "How do I reverse a list in Python?",
-    "Translate 'good morning' into German.",
-    "What is 12 times 7?",
-    "Give me a name for a pet turtle.",
-]
+PROMPTS = SMOLLM2_PROMPTS[:8]        # the chat prompts of tests/test_smollm2.py
 TEXT = ("The river rose in the night, and by morning the low fields were under water. "
         "Farmers moved their animals to the hills and waited for the rain to stop.")
 TOLERANCE = 1e-4     # relative to the largest logit, float32 on both sides

@@ -53,16 +53,31 @@ $(LLAMA_CPP): | $(STAMP)
 	mv $(LLAMA_CPP).partial $(LLAMA_CPP)
 llama-cpp: $(LLAMA_CPP)
 
+BUILD_BOOK := $(BIN)/jupyter-book build . -W -n --keep-going
 book: $(STAMP) $(SMOLLM2)
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(BUILD_BOOK)
 
 # Two workers of one thread each (pytest-xdist): on 2 cores that halves the wall time, where two
 # workers of two threads would fight over the cores. --dist loadscope keeps every cell of a
-# notebook, and every test of a module, in one worker (nbval needs the kernel's state in order).
-PYTEST_PARALLEL := -n 2 --dist loadscope
-test: book
+# notebook, and every test of a module, in one worker (nbval needs the kernel's state in order);
+# --no-loadscope-reorder keeps the order tests/conftest.py gives the files: longest first.
+PYTEST_PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
+# The book builds beside the tests, in one process of its own (the build uses one core, and the
+# tests would leave the other idle while it ran first). Its log and exit status go to _build/; the
+# tests of the built pages come last and wait for that status, and `make test` fails when the
+# build failed (its log is printed either way).
+BOOK_LOG    := $(CURDIR)/_build/book.log
+BOOK_STATUS := $(CURDIR)/_build/book.status
+test: $(STAMP) $(SMOLLM2)
 	$(BIN)/ruff check minitransformer tests benchmarks
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
+	mkdir -p _build && rm -f $(BOOK_STATUS) $(BOOK_STATUS).part
+	( $(BUILD_BOOK) > $(BOOK_LOG) 2>&1; echo $$? > $(BOOK_STATUS).part; mv $(BOOK_STATUS).part $(BOOK_STATUS) ) & \
+	OMP_NUM_THREADS=1 MINITRANSFORMER_BOOK_STATUS=$(BOOK_STATUS) \
+		$(BIN)/python -m pytest $(PYTEST_PARALLEL); tests=$$?; \
+	wait; echo "== the book build (jupyter-book build . -W -n), beside the tests:"; \
+	cat $(BOOK_LOG); book=$$(cat $(BOOK_STATUS)); \
+	echo "== book build exit status $$book, tests exit status $$tests"; \
+	test "$$book" = 0 && test "$$tests" = 0
 
 # Tests that read the built book (_build/html) are left to `make test`.
 BOOK_TESTS := tests/test_book_pages.py tests/test_api_page.py

@@ -10,6 +10,8 @@ import copy
 import functools
 import io
 import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,3 +102,39 @@ def smollm2_transformers_model():
     path = pretrained.smollm2_path()
     return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                 dtype=torch.float32).eval()
+
+
+# --- the order of the files, and the book built beside the tests ------------------------------
+# The tests of the built pages: last, since `make test` builds the book while the others run.
+BOOK_PAGE_TESTS = ("tests/test_book_pages.py", "tests/test_api_page.py")
+
+
+def run_order(nodeid: str, seconds: dict[str, float]) -> tuple[bool, float]:
+    """The sort key of a test in the run (tests/conftest.py): the built pages' tests last, and
+    before them the files longest first, by their measured ``seconds`` (one second when a file is
+    not in the table). Every test of a file has its file's key, so a stable sort keeps a file's
+    tests (a notebook's cells) in order."""
+    name = nodeid.split("::")[0]
+    return name in BOOK_PAGE_TESTS, -seconds.get(name, 1.0)
+
+
+# `make test` builds the book in a process of its own while the tests run, and writes the build's
+# exit status to the file this variable names once it is done (Makefile). The tests of the built
+# pages run last (tests/conftest.py orders the files) and wait for it.
+BOOK_STATUS_VAR = "MINITRANSFORMER_BOOK_STATUS"
+
+
+def wait_for_book(*, timeout: float = 1800.0) -> None:
+    """Wait for `make test`'s book build, when one is running; fail the test if it failed. Without
+    MINITRANSFORMER_BOOK_STATUS (pytest run by hand) there is nothing to wait for."""
+    status = os.environ.get(BOOK_STATUS_VAR)
+    if not status:
+        return
+    path, deadline = Path(status), time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the book build wrote no status to {path} in {timeout:.0f} s")
+        time.sleep(1)
+    code = path.read_text(encoding="utf-8").strip()
+    if code != "0":
+        pytest.fail(f"the book build failed (exit status {code}): its log is _build/book.log")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import wait_for_book
 
 import minitransformer
 
@@ -24,6 +25,7 @@ CHAPTER_LINK = re.compile(r"(?:\./)?\d\d_[\w-]+\.html(?:#.*)?")
 
 @pytest.fixture(scope="module")
 def api_page() -> str:
+    wait_for_book()
     if not API_PAGE.exists():
         message = "the API page is not built: run `make book` (make test builds it first)"
         if os.environ.get("CI"):

@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
+from helpers import wait_for_book
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html")).resolve()
@@ -59,6 +60,7 @@ def _chromium() -> str | None:
 
 @pytest.fixture(scope="module")
 def built_book() -> Path:
+    wait_for_book()
     if not (HTML / "index.html").exists():
         message = "the book is not built: run `make book` (make test builds it first)"
         if os.environ.get("CI"):

@@ -71,19 +71,85 @@ def tiny_llama(*, seed: int = 0, dtype: torch.dtype | None = None, **changes) ->
     return Llama(LlamaConfig(**TINY_LLAMA | changes), dtype=dtype).eval()
 
 
-# --- SmolLM2 as transformers reads it, once per test process ---------------------------------
+# --- SmolLM2 as transformers reads it, once per machine ----------------------------------------
 # Reading the GGUF file, transformers parses its 49,152-token vocabulary in Python (about 4 s of
-# CPU for the tokenizer) and dequantises 135M numbers in numpy (about 17 s for the model).
-# Several modules compare against them; these load each once per process (each pytest-xdist
-# worker is one) instead of once per module.
+# CPU for the tokenizer) and dequantises 135M numbers in numpy (about 17 s for the model, 90 s on
+# a loaded machine). Several modules compare against them, in both pytest-xdist workers and in
+# every run. So what transformers read from the file is kept, as transformers writes a model
+# directory, beside the file in the cache (keyed by the file's SHA-256 and transformers' version),
+# and later processes load that directory: the same numbers, as transformers read them from the
+# file. The first process writes it (to a folder of its own, renamed into place when complete, so
+# that a process killed half way leaves nothing half done); later ones only read it.
+
+def _transformers_reference() -> Path:
+    import transformers
+
+    return pretrained.cache_folder() / (f"reference-transformers-{transformers.__version__}-"
+                                        f"{pretrained.SMOLLM2_SHA256[:16]}")
+
+
+def _kept(name: str, read, write):
+    """What transformers read from the file: from the reference folder ``name`` when it is
+    there (``read(folder)``); otherwise read from the file (``read(None)``) and written there
+    (``write(thing, folder)``) into a fresh folder renamed into place. If another process renamed
+    its folder first, that one stays (it holds the same) and ours is removed."""
+    import shutil
+    import tempfile
+
+    final = _transformers_reference() / name
+    if final.is_dir():
+        return read(final)
+    thing = read(None)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=final.parent))
+    try:
+        write(thing, partial)
+        os.rename(partial, final)
+    except OSError:
+        pass
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial)
+    return thing
+
+
+def _read_tokenizer(folder: Path | None):
+    from transformers import AutoTokenizer
+
+    if folder is not None:
+        return AutoTokenizer.from_pretrained(folder)
+    path = pretrained.smollm2_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _read_model(folder: Path | None):
+    from transformers import AutoModelForCausalLM
+
+    if folder is not None:
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    path = pretrained.smollm2_path()
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                dtype=torch.float32).eval()
+
+
+def _write_model(model, folder: Path) -> None:
+    """transformers refuses to save a model it read from GGUF ("quantized with gguf"), so the
+    weights go in with safetensors and the configuration without its GGUF entry."""
+    import json
+
+    from safetensors.torch import save_model
+
+    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+
 
 @functools.cache
 def _smollm2_transformers_tokenizer():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network
-    from transformers import AutoTokenizer
-
-    path = pretrained.smollm2_path()
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return _kept("tokenizer", _read_tokenizer,
+                 lambda tokenizer, folder: tokenizer.save_pretrained(folder))
 
 
 def smollm2_transformers_tokenizer():
@@ -97,11 +163,7 @@ def smollm2_transformers_model():
     """transformers' model read from SmolLM2's GGUF file (float32, eval mode), loaded once per
     process and shared: never change it (copy its config before changing that)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network
-    from transformers import AutoModelForCausalLM
-
-    path = pretrained.smollm2_path()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                dtype=torch.float32).eval()
+    return _kept("model", _read_model, _write_model)
 
 
 # --- the order of the files, and the book built beside the tests ------------------------------

@@ -89,28 +89,28 @@ def _transformers_reference() -> Path:
 
 
 def _kept(name: str, read, write):
-    """What transformers read from the file: from the reference folder ``name`` when it is
-    there (``read(folder)``); otherwise read from the file (``read(None)``) and written there
-    (``write(thing, folder)``) into a fresh folder renamed into place. If another process renamed
-    its folder first, that one stays (it holds the same) and ours is removed."""
+    """What transformers read from the file, loaded from the reference folder ``name``
+    (``read(folder)``). When the folder is missing, it is read from the file first
+    (``read(None)``) and written there (``write(thing, folder)``), into a fresh folder renamed
+    into place. If another process renamed its folder first, that one stays (it holds the same)
+    and ours is removed."""
     import shutil
     import tempfile
 
     final = _transformers_reference() / name
     if final.is_dir():
         return read(final)
-    thing = read(None)
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=final.parent))
     try:
-        write(thing, partial)
+        write(read(None), partial)
         os.rename(partial, final)
     except OSError:
         pass
     finally:
         if partial.exists():
             shutil.rmtree(partial)
-    return thing
+    return read(final)     # the same in every process, the first one too
 
 
 def _read_tokenizer(folder: Path | None):
@@ -134,7 +134,8 @@ def _read_model(folder: Path | None):
 
 def _write_model(model, folder: Path) -> None:
     """transformers refuses to save a model it read from GGUF ("quantized with gguf"), so the
-    weights go in with safetensors and the configuration without its GGUF entry."""
+    weights go in with safetensors and the configuration without its GGUF entry. Read back, it is
+    a plain model (which TRL's trainers accept) holding the same float32 numbers."""
     import json
 
     from safetensors.torch import save_model

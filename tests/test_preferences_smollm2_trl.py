@@ -186,11 +186,10 @@ def rms_norm(module, x):
 
 
 def theirs_from_ours(model: Llama, loaded):
-    """transformers' Llama of the GGUF file's config, holding ``model``'s weights. A model read
-    from GGUF counts as quantised, which TRL's trainers refuse: the config without its
-    ``quantization_config`` builds a plain one."""
+    """transformers' Llama of the GGUF file's config, holding ``model``'s weights. (The
+    config, as ``helpers`` keeps it, has no ``quantization_config``: a model read from GGUF
+    counts as quantised, which TRL's trainers refuse.)"""
     config = copy.deepcopy(loaded.config)
-    del config.quantization_config
     hf = type(loaded)(config).double()
     # transformers builds the embedding with padding_idx = the pad token, which for SmolLM2 is
     # <|im_end|> (id 2): its row then gets no gradient from where it is an input, though every

@@ -115,10 +115,9 @@ def test_loss_equals_trl_sft_trainer(path, tok, their_tok, tmp_path):
 
     their_tok.chat_template = SMOLLM2_TRAINING_TEMPLATE
     loaded = smollm2_transformers_model()
-    # a model read from GGUF counts as quantized, which Trainer refuses: the same float32
-    # weights in a plain model of the same config
+    # a plain model (a model read from GGUF counts as quantized, which Trainer refuses; helpers
+    # keeps the config without it) holding the same float32 weights
     config = copy.deepcopy(loaded.config)
-    del config.quantization_config
     model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict())
     model.double()   # float64 on both sides: what is compared is the loss, not the rounding

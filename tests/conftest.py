@@ -15,7 +15,7 @@ from hypothesis import settings
 # The tuning commands' base models and a model without chat tokens (test_cli_finetune, _dpo,
 # _grpo), trained on the requesting module's `data` fixture: fixtures of every module.
 from cli_helpers import base_flags, gpt_base, llama_base, plain_model  # noqa: F401
-from helpers import run_order
+from helpers import file_order
 
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 # A long search for counterexamples, by hand: pytest --hypothesis-profile=thorough
@@ -72,13 +72,16 @@ def device(request) -> torch.device:
 
 # --- the order of the test files ------------------------------------------------------------------
 # `make test` runs two pytest-xdist workers with --dist loadscope --no-loadscope-reorder: each file
-# goes whole to one worker (a notebook's cells share one kernel), in the order collected. Longest
-# first, from the seconds per file measured in tests/durations.json (tools/test_durations.py
-# writes it), keeps the two workers busy to the end. The built book's pages come last: `make test`
-# builds the book beside the other tests, and those wait for it (helpers.wait_for_book).
+# goes whole to one worker (a notebook's cells share one kernel), in the order collected:
+# helpers.file_order's, longest first from the seconds per file in tests/durations.json
+# (tools/test_durations.py writes it), which keeps the two workers busy to the end. The built
+# book's pages come once the book is likely built: `make test` builds it beside the tests, and
+# those wait for it (helpers.wait_for_book).
 DURATIONS = Path(__file__).resolve().parent / "durations.json"
 
 
 def pytest_collection_modifyitems(session, config, items):
     seconds = json.loads(DURATIONS.read_text(encoding="utf-8"))
-    items.sort(key=lambda item: run_order(item.nodeid, seconds))  # stable: a file keeps its order
+    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    rank = {name: i for i, name in enumerate(file_order(files, seconds))}
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: a file keeps its order

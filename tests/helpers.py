@@ -168,17 +168,27 @@ def smollm2_transformers_model():
 
 
 # --- the order of the files, and the book built beside the tests ------------------------------
-# The tests of the built pages: last, since `make test` builds the book while the others run.
+# The tests of the built pages, which wait for `make test`'s book build, and how many seconds of
+# the other files' work come before them: the build takes about 3 minutes beside the tests, and
+# 600 s of work on two workers about 5.
 BOOK_PAGE_TESTS = ("tests/test_book_pages.py", "tests/test_api_page.py")
+BOOK_PAGES_AFTER = 600.0
 
 
-def run_order(nodeid: str, seconds: dict[str, float]) -> tuple[bool, float]:
-    """The sort key of a test in the run (tests/conftest.py): the built pages' tests last, and
-    before them the files longest first, by their measured ``seconds`` (one second when a file is
-    not in the table). Every test of a file has its file's key, so a stable sort keeps a file's
-    tests (a notebook's cells) in order."""
-    name = nodeid.split("::")[0]
-    return name in BOOK_PAGE_TESTS, -seconds.get(name, 1.0)
+def file_order(files: list[str], seconds: dict[str, float]) -> list[str]:
+    """The order in which the run hands out its test ``files`` (tests/conftest.py): longest
+    first, by their measured ``seconds`` (one second when a file is not in the table), so that
+    no worker is left with a long file at the end while the other waits; the built pages'
+    tests once :data:`BOOK_PAGES_AFTER` seconds of the others' work are handed out."""
+    longest = sorted((f for f in files if f not in BOOK_PAGE_TESTS),
+                     key=lambda f: -seconds.get(f, 1.0))
+    at, work = len(longest), 0.0
+    for i, name in enumerate(longest):
+        if work >= BOOK_PAGES_AFTER:
+            at = i
+            break
+        work += seconds.get(name, 1.0)
+    return longest[:at] + [f for f in files if f in BOOK_PAGE_TESTS] + longest[at:]
 
 
 # `make test` builds the book in a process of its own while the tests run, and writes the build's

@@ -1,6 +1,6 @@
-"""How `make test` runs the suite: the files longest first with the built pages' tests last
-(helpers.run_order, used by tests/conftest.py), and the wait for the book built beside the tests
-(helpers.wait_for_book)."""
+"""How `make test` runs the suite: the files longest first, the built pages' tests once enough
+work is handed out (helpers.file_order, used by tests/conftest.py), and the wait for the book
+built beside the tests (helpers.wait_for_book)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,35 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import BOOK_PAGE_TESTS, BOOK_STATUS_VAR, run_order, wait_for_book
+from helpers import (BOOK_PAGE_TESTS, BOOK_PAGES_AFTER, BOOK_STATUS_VAR, file_order,
+                     wait_for_book)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_longest_file_first_book_pages_last_and_each_file_in_order():
-    seconds = {"book/16.ipynb": 130.0, "tests/test_a.py": 5.0, "tests/test_book_pages.py": 70.0}
-    nodeids = ["tests/test_a.py::one", "tests/test_book_pages.py::pages", "tests/test_new.py::x",
-               "book/16.ipynb::Cell 0", "tests/test_a.py::two", "book/16.ipynb::Cell 1"]
-    ordered = sorted(nodeids, key=lambda nodeid: run_order(nodeid, seconds))
-    assert ordered == ["book/16.ipynb::Cell 0", "book/16.ipynb::Cell 1", "tests/test_a.py::one",
-                       "tests/test_a.py::two", "tests/test_new.py::x",  # unmeasured: 1 s
-                       "tests/test_book_pages.py::pages"]
+def test_longest_file_first_and_the_book_pages_after_enough_work():
+    seconds = {"book/16.ipynb": 500.0, "tests/test_a.py": 150.0, "tests/test_b.py": 20.0,
+               "tests/test_book_pages.py": 70.0, "tests/test_api_page.py": 18.0}
+    files = ["tests/test_a.py", "tests/test_api_page.py", "tests/test_new.py",
+             "tests/test_book_pages.py", "book/16.ipynb", "tests/test_b.py"]
+    # 500 + 150 s of work pass BOOK_PAGES_AFTER (600): the pages come next; unmeasured: 1 s
+    assert file_order(files, seconds) == [
+        "book/16.ipynb", "tests/test_a.py", "tests/test_api_page.py", "tests/test_book_pages.py",
+        "tests/test_b.py", "tests/test_new.py"]
+    assert BOOK_PAGES_AFTER == 600
+    # too little work in all: the pages come last
+    assert file_order(["tests/test_book_pages.py", "tests/test_b.py"], seconds) == [
+        "tests/test_b.py", "tests/test_book_pages.py"]
+
+
+def test_the_collected_items_follow_the_file_order(request):
+    """conftest's hook has ordered this very run: each file's tests together, files in
+    file_order's order (when the whole suite runs: this file alone is trivially in order)."""
+    names = [item.nodeid.split("::")[0] for item in request.session.items]
+    files = list(dict.fromkeys(names))
+    assert names == sorted(names, key=files.index)          # each file's tests together
+    table = json.loads((ROOT / "tests" / "durations.json").read_text(encoding="utf-8"))
+    assert files == file_order(files, table)
 
 
 def test_the_table_names_files_that_exist_with_positive_seconds():

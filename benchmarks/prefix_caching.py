@@ -33,6 +33,13 @@ earlier repeat is found; the median is over all requests of all repeats, printed
 positions each engine prefilled (all requests of one repeat). The load average is printed
 first and last: timings on a busy machine mean little. ``--quick`` (a model of 2 layers of
 width 64, one repeat) only checks that the script runs.
+
+Measured (7 repeats, 1 thread, load 3.9-4.6 on 2 shared cores): 16 requests at once, median
+time to first token 2156 ms without prefix caching (3328 positions prefilled), 603 ms with
+(448): 3.6x lower; one per step, 122 ms and 49 ms: 2.5x. The cache saves 87% of the positions
+(7.4x fewer), but each of the 15 short prefills (16 positions over 208 keys) cost about 31 ms
+against about 135 ms for a whole one: a prefill's fixed cost (its calls through every layer,
+gathering the shared blocks' keys and values) stays.
 """
 
 from __future__ import annotations

@@ -49,6 +49,12 @@ checked against ``log_softmax`` of ``forward`` over each request's prompt and to
 largest difference, of the chosen tokens' and of the alternatives', and whether the
 alternatives' ids are the likeliest ones), and against the log-probabilities transformers
 returned for the same tokens.
+Measured (GPT-2 small's shape, ``--counts 16 --logprobs 5 --threads 1``, one round, load
+1.6-3.0 on 2 shared cores): continuous 3.60x the fastest sequential without, 3.79x with;
+1.37x transformers without, 1.71x with; the returned log-probabilities within 3.9e-6 of
+``log_softmax(forward)``, and of transformers'. What they cost is 7.6 ms a step of 16 rows at
+GPT-2's 50,257 tokens (``log_softmax`` and ``topk`` of each row, 1 thread), about 3% of the
+step: less than the rounds' spread on a shared machine.
 
 Targets (issue 34, 2 cores): continuous >= 3x sequential at 16 requests; blocks reserved
 <= 1.5x used; continuous >= transformers (stretch 1.5x); issue 43: the first and the last

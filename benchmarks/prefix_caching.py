@@ -36,10 +36,12 @@ width 64, one repeat) only checks that the script runs.
 
 Measured (7 repeats, 1 thread, load 3.9-4.6 on 2 shared cores): 16 requests at once, median
 time to first token 2156 ms without prefix caching (3328 positions prefilled), 603 ms with
-(448): 3.6x lower; one per step, 122 ms and 49 ms: 2.5x. The cache saves 87% of the positions
-(7.4x fewer), but each of the 15 short prefills (16 positions over 208 keys) cost about 31 ms
-against about 135 ms for a whole one: a prefill's fixed cost (its calls through every layer,
-gathering the shared blocks' keys and values) stays.
+(448): 3.6x lower; one per step, 122 ms and 49 ms: 2.5x. Again at load 2.2-2.5: 1206 ms
+and 341 ms at once, 3.5x; 103 ms and 42 ms one per step, 2.5x. The cache saves 87% of the positions
+(7.4x fewer), but not 87% of the time: timed alone (load 2.2), a whole prefill of 208
+positions took 94.5 ms, one of the last 16 after 12 cached blocks 18.3 ms, and a prompt of 16
+tokens with nothing cached 14.1 ms. A prefill's fixed cost (a call through every layer for a
+few rows) stays; 16 x 94.5 / (94.5 + 15 x 18.3) predicts 4.1x at once.
 """
 
 from __future__ import annotations

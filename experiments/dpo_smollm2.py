@@ -130,13 +130,34 @@ def measure(policy: Llama, reference: Llama, tokenizer: BPETokenizer, pairs: lis
             "reference_stop_probability": stop_probability(ref_logits, targets, end)}
 
 
+def train_policy(base: Llama, tokenizer: BPETokenizer, train_pairs: list[dict], *, beta: float,
+                 seed: int, steps: int, lr: float, batch_size: int) -> tuple[Llama, object]:
+    """The recipe: a LoRA copy of ``base`` (:func:`smollm2_common.lora_copy`) trained by DPO
+    against ``base``; returns the policy and its training history. (``forgetting_smollm2.py``
+    trains the same way.)"""
+    policy = lora_copy(base, seed)
+    history = dpo_train(policy, tokenizer, train_pairs, reference=base, beta=beta, steps=steps,
+                        lr=lr, batch_size=batch_size, seed=seed, progress=False)
+    return policy, history
+
+
+def preference_data(base: Llama, tokenizer: BPETokenizer, prompts: int, held_out: int
+                    ) -> tuple[list[dict], list, list[dict], list[dict]]:
+    """The on-policy data: the first ``prompts`` topics' rows, ``base``'s greedy replies to
+    them, and the pairs made from the first ``held_out`` (held out) and from the others
+    (training)."""
+    rows = prompt_rows(list(TOPICS[:prompts]))
+    replies = greedy(base, tokenizer, rows)              # the model's own answers: the data
+    return (rows, replies, make_pairs(rows[:held_out], replies[:held_out]),
+            make_pairs(rows[held_out:], replies[held_out:]))
+
+
 def run(base: Llama, tokenizer: BPETokenizer, train_pairs: list[dict], held_out: list[dict],
         held_out_rows: list[dict], *, beta: float, seed: int, steps: int, lr: float,
         batch_size: int) -> dict:
-    policy = lora_copy(base, seed)
     start = time.perf_counter()
-    history = dpo_train(policy, tokenizer, train_pairs, reference=base, beta=beta, steps=steps,
-                        lr=lr, batch_size=batch_size, seed=seed, progress=False)
+    policy, history = train_policy(base, tokenizer, train_pairs, beta=beta, seed=seed,
+                                   steps=steps, lr=lr, batch_size=batch_size)
     train_s = time.perf_counter() - start
     replies = greedy(policy, tokenizer, held_out_rows)
     return {"beta": beta, "seed": seed, "train_losses": history.train_losses,
@@ -184,12 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     start = clock()
     base, tokenizer = load_smollm2()
-    topics = list(TOPICS[:args.prompts])
-    rows = prompt_rows(topics)
-    replies = greedy(base, tokenizer, rows)              # the model's own answers: the data
-    held_rows, train_rows = rows[:args.held_out], rows[args.held_out:]
-    held_out = make_pairs(held_rows, replies[:args.held_out])
-    train_pairs = make_pairs(train_rows, replies[args.held_out:])
+    rows, replies, held_out, train_pairs = preference_data(base, tokenizer, args.prompts,
+                                                           args.held_out)
+    held_rows = rows[:args.held_out]
     before = behaviour(replies[:args.held_out])
     before.update(preference_accuracy=0.0, margin=0.0, kl=0.0)  # the policy is the reference
     before["stop_probability"] = measure(base, base, tokenizer, held_out,

@@ -239,6 +239,30 @@ def memory_mb(key: str = "VmHWM", *, reset: bool = False) -> int:
     return round(kb / 1024)
 
 
+def train_lora(model, tokenizer, train_items: list, config: dict):
+    """The recipe: LoRA of ``config["rank"]`` (alpha twice that) on every layer's attention,
+    drawn after ``torch.manual_seed(config["seed"])``, trained on batches of conversations
+    of ``train_items`` (the loss on the replies if ``config["mask"]``, else on every token)
+    for ``config["steps"]`` steps; ``model`` is changed in place and left in eval mode.
+    Returns the training history. (``forgetting_smollm2.py`` trains the same way.)"""
+    torch.manual_seed(config["seed"])
+    add_lora(model, r=config["rank"], alpha=2.0 * config["rank"], targets=TARGETS)
+    conversations = [conversation(*item) for item in train_items]
+    rng = random.Random(config["seed"])
+    make = sft_batch if config["mask"] else every_token_batch
+
+    def batches():
+        while True:
+            yield make(tokenizer, rng.sample(conversations, config["batch_size"]))
+
+    model.train()
+    history = train(model, batches(), steps=config["steps"], lr=config["lr"],
+                    warmup_steps=max(1, config["steps"] // 10), weight_decay=0.0,
+                    eval_every=1, progress=False)
+    model.eval()
+    return history
+
+
 def one_run(config: dict) -> dict:
     """One run in this process: LoRA (unless ``rank`` is 0: the baseline), train, evaluate."""
     torch.set_num_threads(config["threads"])
@@ -252,24 +276,10 @@ def one_run(config: dict) -> dict:
     gc.collect()
     result = {"config": config, "loaded_mb": memory_mb("VmRSS")}
     if config["rank"]:
-        torch.manual_seed(config["seed"])
-        add_lora(model, r=config["rank"], alpha=2.0 * config["rank"], targets=TARGETS)
-        result["trainable"], result["total"] = trainable_parameters(model)
-        conversations = [conversation(*item) for item in train_items]
-        rng = random.Random(config["seed"])
-        make = sft_batch if config["mask"] else every_token_batch
-
-        def batches():
-            while True:
-                yield make(tokenizer, rng.sample(conversations, config["batch_size"]))
-
-        model.train()
         memory_mb(reset=True)
-        history = train(model, batches(), steps=config["steps"], lr=config["lr"],
-                        warmup_steps=max(1, config["steps"] // 10), weight_decay=0.0,
-                        eval_every=1, progress=False)
+        history = train_lora(model, tokenizer, train_items, config)
         result["training_peak_mb"] = memory_mb()
-        model.eval()
+        result["trainable"], result["total"] = trainable_parameters(model)
         result["losses"] = [round(x, 4) for x in history.train_losses]
     trained = time.perf_counter()
     memory_mb(reset=True)

@@ -156,6 +156,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mmlu", type=int, default=200, help="MMLU items, lm-eval's format")
     parser.add_argument("--cloze", type=int, default=100, help="MMLU items, cloze format")
     parser.add_argument("--hellaswag", type=int, default=200, help="HellaSwag items")
+    parser.add_argument("--pieces", type=int, default=PIECES,
+                        help=f"the first pieces of the held-out text scored (2 to {PIECES})")
+    parser.add_argument("--dpo-prompts", type=int, default=dpo.get_default("prompts"),
+                        help="prompts of the DPO recipe's data, held-out ones included")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
     return parser
@@ -176,9 +180,9 @@ def train_dpo(base, tokenizer, args: argparse.Namespace) -> tuple:
     """Chapter 17's recipe (``dpo_smollm2.preference_data`` and ``train_policy``)."""
     dpo = dpo_smollm2.arguments().parse_args([])
     config = {"beta": args.dpo_beta, "seed": args.seed, "steps": args.steps or dpo.steps,
-              "batch_size": dpo.batch_size, "lr": dpo.lr, "prompts": dpo.prompts,
+              "batch_size": dpo.batch_size, "lr": dpo.lr, "prompts": args.dpo_prompts,
               "held_out": dpo.held_out}
-    _, _, _, train_pairs = dpo_smollm2.preference_data(base, tokenizer, dpo.prompts,
+    _, _, _, train_pairs = dpo_smollm2.preference_data(base, tokenizer, args.dpo_prompts,
                                                        dpo.held_out)
     policy, history = dpo_smollm2.train_policy(
         base, tokenizer, train_pairs, beta=config["beta"], seed=config["seed"],
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     start = clock()
     base, tokenizer = load_smollm2()
     base.eval()
-    tasks, pieces = items(args), held_out_pieces()
+    tasks, pieces = items(args), held_out_pieces()[:args.pieces]
     scores = {"original": score(base, tokenizer, tasks, pieces)}
     print(f"original scored in {scores['original']['seconds']:.0f} s", flush=True)
     recipes, comparisons = {}, {}

@@ -59,7 +59,7 @@ def test_two_steps_write_what_the_chapter_reads(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--steps", "2", "--mmlu", "4", "--cloze", "2",
-         "--hellaswag", "2", "--out", str(out)],
+         "--hellaswag", "2", "--pieces", "2", "--dpo-prompts", "14", "--out", str(out)],
         capture_output=True, text=True, env=env, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [p.name for p in tmp_path.iterdir()] == ["forgetting.json"]
@@ -69,11 +69,11 @@ def test_two_steps_write_what_the_chapter_reads(tmp_path):
     for scores in results["scores"].values():
         for task, n in results["items"].items():
             assert len(scores[task]["acc"]) == len(scores[task]["acc_norm"]) == n
-        assert len(scores["text"]) == results["pieces"] == 10
-        assert sum(tokens for _, tokens, _ in scores["text"]) > 3000
+        assert len(scores["text"]) == results["pieces"] == 2
     for recipe in results["recipes"].values():
         assert recipe["steps"] == 2 and len(recipe["losses"]) == 2
     assert results["recipes"]["sft"]["rank"] == 16 and results["recipes"]["dpo"]["beta"] == 0.1
+    assert results["recipes"]["dpo"]["prompts"] == 14
     # the held-out text is chapter 20's: its first piece scores as the chapter's does
     assert results["scores"]["original"]["text"][0][1:] == [287, 1146]
     check_comparisons(results)
@@ -94,9 +94,13 @@ def test_stored_results_are_the_scripts_defaults():
     results = json.loads(STORED.read_text())
     defaults = vars(experiment_module().make_parser().parse_args([]))
     settings = results["settings"]
-    assert set(settings) == set(defaults) - {"out"}
+    # --pieces and --dpo-prompts came after the run, at the values it used (stored below)
+    assert set(settings) == set(defaults) - {"out", "pieces", "dpo_prompts"}
     for key, value in settings.items():
         assert value == defaults[key], key
+    assert results["pieces"] == defaults["pieces"] == 10
+    assert sum(tokens for _, tokens, _ in results["scores"]["original"]["text"]) > 3000
+    assert results["recipes"]["dpo"]["prompts"] == defaults["dpo_prompts"]
     assert results["command"].strip() == "python experiments/forgetting_smollm2.py"
     assert results["items"] == {"mmlu": defaults["mmlu"], "mmlu_cloze": defaults["cloze"],
                                 "hellaswag": defaults["hellaswag"]}

@@ -62,10 +62,12 @@ evidence for the target; a quiet measurement at 2 threads is still needed:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,6 +78,7 @@ import torch  # noqa: E402
 from minitransformer import GPT, GPTConfig, Llama, generate  # noqa: E402
 from minitransformer.bpe import BPETokenizer  # noqa: E402
 from minitransformer.chat import apply_chat_template  # noqa: E402
+from minitransformer.gguf import save_llama  # noqa: E402
 from minitransformer.pretrained import smollm2_path  # noqa: E402
 from minitransformer.quantize import quantize_linears  # noqa: E402
 
@@ -86,8 +89,8 @@ GPT2_SMALL = dict(vocab_size=50257, context_length=1024, num_layers=12, num_head
                   d_model=768, activation="gelu_tanh")
 
 
-def models(size: str) -> tuple[torch.nn.Module, torch.nn.Module, list[list[int]]]:
-    """float32 model, its int8 twin, and the prompts' ids."""
+def models(size: str) -> tuple[dict[str, torch.nn.Module], list[list[int]]]:
+    """The float32 model, its int8 and int4 twins (by name), and the prompts' ids."""
     if size == "smollm2":
         path = smollm2_path()
         tokenizer = BPETokenizer.from_gguf(path)
@@ -104,7 +107,8 @@ def models(size: str) -> tuple[torch.nn.Module, torch.nn.Module, list[list[int]]
             model = GPT(GPTConfig(**GPT2_SMALL))
             model.load_state_dict(state)
             return model.eval()
-    return make(), quantize_linears(make()), prompts
+    return ({"float32": make(), "int8": quantize_linears(make()),
+             "int4": quantize_linears(make(), bits=4)}, prompts)
 
 
 def quality(f32, int8, prompts: list[list[int]], tokens: int) -> dict:
@@ -133,26 +137,50 @@ def quality(f32, int8, prompts: list[list[int]], tokens: int) -> dict:
             "teacher_forced_margins_where_different": margins}
 
 
-def speed(f32, int8, ids: list[int], tokens: int, rounds: int) -> dict:
+def speed(named: dict, ids: list[int], tokens: int, rounds: int, llm=None) -> dict:
+    """Tokens per second of each model (and of llama.cpp's ``llm``, if given), taking turns
+    (the order reversed every other round); the ratios to float32 per round, and medians."""
     idx = torch.tensor([ids])
 
-    def tokens_per_second(model) -> float:
+    def tokens_per_second(name: str) -> float:
         start = time.perf_counter()
-        generate(model, idx, tokens, temperature=0)
+        if name == "llama.cpp":
+            for n, _ in enumerate(llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                                repeat_penalty=1.0, reset=True), 1):
+                if n == tokens:
+                    break
+        else:
+            generate(named[name], idx, tokens, temperature=0)
         return tokens / (time.perf_counter() - start)
 
-    tokens_per_second(f32), tokens_per_second(int8)                 # warm-up
+    names = list(named) + ["llama.cpp"] * (llm is not None)
+    for name in names:
+        tokens_per_second(name)                                     # warm-up
     rows = []
     for r in range(rounds):
-        order = (f32, int8) if r % 2 == 0 else (int8, f32)
-        got = {id(m): tokens_per_second(m) for m in order}
-        rows.append((got[id(f32)], got[id(int8)]))
-        print(f"  round {r + 1}: float32 {rows[-1][0]:.1f} tokens/s, int8 {rows[-1][1]:.1f} "
-              f"({rows[-1][1] / rows[-1][0]:.2f}x)", flush=True)
-    return {"float32_tokens_per_s": round(statistics.median(a for a, _ in rows), 2),
-            "int8_tokens_per_s": round(statistics.median(b for _, b in rows), 2),
-            "ratio": round(statistics.median(b / a for a, b in rows), 3),
-            "ratios": [round(b / a, 3) for a, b in rows]}
+        got = {name: tokens_per_second(name) for name in (names if r % 2 == 0 else names[::-1])}
+        rows.append(got)
+        print(f"  round {r + 1}: " + ", ".join(
+            f"{name} {got[name]:.1f}" + (f" ({got[name] / got['float32']:.2f}x)"
+                                         if name != "float32" else "") for name in names),
+            flush=True)
+    return {name: {"tokens_per_s": round(statistics.median(g[name] for g in rows), 2),
+                   "ratio_to_float32": round(statistics.median(g[name] / g["float32"]
+                                                               for g in rows), 3),
+                   "ratios": [round(g[name] / g["float32"], 3) for g in rows]}
+            for name in names}
+
+
+def llama_cpp_q8_0(f32, folder: str, threads: int):
+    """llama.cpp (``benchmarks/llama_cpp.py``'s build) on our Q8_0 file of ``f32``."""
+    spec = importlib.util.spec_from_file_location(
+        "llama_cpp_benchmark", Path(__file__).with_name("llama_cpp.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    llama_cpp = bench.llama_cpp_module()
+    path = Path(folder) / "q8_0.gguf"
+    save_llama(f32, path, type="Q8_0", tokenizer=BPETokenizer.from_gguf(smollm2_path()))
+    return llama_cpp.Llama(model_path=str(path), n_threads=threads, n_ctx=512, verbose=False)
 
 
 def main() -> None:
@@ -163,39 +191,50 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--size", choices=["smollm2", "gpt2-small", "both"], default="smollm2")
     parser.add_argument("--json", help="also write the figures to this file, as JSON")
+    parser.add_argument("--no-llama-cpp", action="store_true",
+                        help="leave out llama.cpp at Q8_0 (timed beside ours on SmolLM2, from "
+                        "the build `make llama-cpp` puts in the cache)")
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(f"torch {torch.__version__}, load average {load:.2f}")
     figures: dict = {"tokens": args.tokens}
     sizes = ["smollm2", "gpt2-small"] if args.size == "both" else [args.size]
-    with torch.no_grad():
+    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
-            f32, int8, prompts = models(size)
+            named, prompts = models(size)
+            f32 = named["float32"]
             print(f"{size}:")
             figures[size] = {}
             if size == "smollm2":
                 torch.set_num_threads(1)                 # the tokens do not depend on it
-                q = figures[size]["quality"] = quality(f32, int8, prompts, args.tokens)
-                print(f"  greedy tokens equal on {q['prompts_equal']}/{q['prompts']} prompts "
-                      f"over {args.tokens} tokens; largest logit difference "
-                      f"{q['max_logit_difference_relative']:.2%} of the largest logit")
-                for part in q["parted"]:
-                    print(f"  parted at token {part['parted_at']}, where float32's two best "
-                          f"logits were {part['float32_margin']} apart")
-                print(f"  float32's tokens fed to both: int8's best is float32's at "
-                      f"{q['teacher_forced_agree']}/{q['teacher_forced_positions']} positions; "
-                      f"where not, float32's margin was at most "
-                      f"{max(q['teacher_forced_margins_where_different'], default=0):.3f}")
+                for name in ("int8", "int4"):
+                    q = figures[size][f"quality_{name}"] = quality(f32, named[name], prompts,
+                                                                   args.tokens)
+                    print(f"  {name}: greedy tokens equal to float32's on {q['prompts_equal']}/"
+                          f"{q['prompts']} prompts over {args.tokens} tokens (target >= 4); "
+                          f"largest logit difference "
+                          f"{q['max_logit_difference_relative']:.2%} of the largest logit")
+                    for part in q["parted"]:
+                        print(f"    parted at token {part['parted_at']}, where float32's two "
+                              f"best logits were {part['float32_margin']} apart")
+                    print(f"    float32's tokens fed to both: {name}'s best is float32's at "
+                          f"{q['teacher_forced_agree']}/{q['teacher_forced_positions']} "
+                          f"positions; where not, float32's margin was at most "
+                          f"{max(q['teacher_forced_margins_where_different'], default=0):.3f}")
             for threads in args.threads:
                 torch.set_num_threads(threads)
+                llm = (llama_cpp_q8_0(f32, tmp, threads)
+                       if size == "smollm2" and not args.no_llama_cpp else None)
                 print(f"  {threads} thread{'s' * (threads > 1)}, load average "
                       f"{os.getloadavg()[0]:.2f}:")
                 s = figures[size][f"speed_{threads}_threads"] = speed(
-                    f32, int8, prompts[0], args.tokens, args.rounds)
-                print(f"  int8 {s['int8_tokens_per_s']:.1f} tokens/s, float32 "
-                      f"{s['float32_tokens_per_s']:.1f}: median ratio {s['ratio']:.2f}x "
-                      f"(target >= 1.7x at 2 threads on a quiet machine)")
-            del f32, int8
+                    named, prompts[0], args.tokens, args.rounds, llm)
+                print("  median: " + ", ".join(
+                    f"{name} {v['tokens_per_s']:.1f} tokens/s ({v['ratio_to_float32']:.2f}x)"
+                    for name, v in s.items()) + " (target: int8 >= 1.7x float32 at 2 threads "
+                    "on a quiet machine)")
+                del llm
+            del named, f32
     end = os.getloadavg()[0]
     print(f"load average {end:.2f} at the end")
     figures["load_average"] = [round(load, 2), round(end, 2)]

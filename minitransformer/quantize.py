@@ -28,7 +28,13 @@ linear layer's weight as absmax int8 with a float32 scale per row (or per block)
 :func:`quantize_linears` puts one in place of every ``nn.Linear`` of a model, whose fast decode
 step then multiplies through them. :func:`int8_linear` is the product as the equation writes it
 (dequantise, multiply); :func:`int8_linear_fast`, which the layer calls, multiplies the int8
-matrix itself (``benchmarks/int8_decode.py`` times it against float32).
+matrix itself (``benchmarks/int8_decode.py`` times it against float32). :class:`Int4Linear`
+does the same with 4-bit codes in Q4_1's form (a float32 scale and offset per block of 32:
+:func:`int4_quantize`, exact for a Q4_1 file's weights), :func:`int4_linear` its equation and
+:func:`int4_linear_fast` its kernel; ``quantize_linears(model, bits=4)`` puts them in place.
+Both fast kernels multiply bfloat16 rows (8 significant bits): on SmolLM2 that parts greedy
+tokens from float32's at near-ties (``benchmarks/int8_rounding.py`` measures which rounding
+does it).
 """
 
 from __future__ import annotations

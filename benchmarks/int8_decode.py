@@ -1,62 +1,73 @@
-"""Weight-only int8 decoding against float32, in one run (issue 44, chapter 19).
+"""Weight-only int8 and int4 decoding against float32 and llama.cpp, in one run (issue 44,
+chapter 19).
 
 Run from the repository root:
     .venv/bin/python benchmarks/int8_decode.py [--threads 1 2] [--rounds 5] [--tokens 64]
-        [--size smollm2] [--json FILE]
+        [--size smollm2|gpt2-small|both] [--no-llama-cpp] [--json FILE]
 
 ``--size smollm2`` reads SmolLM2-135M-Instruct's GGUF file (``python -m minitransformer
-download smollm2``) twice: once kept in float32, once with every linear layer replaced by
-``minitransformer.quantize.quantize_linears`` (int8 weights, one absmax scale per row; the
-embedding stays float32). ``--size gpt2-small`` is a randomly initialised GPT of GPT-2 small's
-shape (124M parameters): speed only, since a random model's scores are too close for its
-greedy tokens to mean anything.
+download smollm2``) three times: kept in float32; with every linear layer replaced by
+``minitransformer.quantize.quantize_linears`` (int8 weights, one absmax scale per row); and by
+``quantize_linears(bits=4)`` (``Int4Linear``: 4-bit codes with a scale and an offset per block
+of 32, which hold the file's Q4_1 weights exactly; the head, tied to the Q8_0 embedding, in int8
+per row). Embeddings stay float32. Beside them, llama.cpp (``make llama-cpp``'s build, as
+``benchmarks/llama_cpp.py`` uses it) reads our Q8_0 file of the same model (``--no-llama-cpp``
+leaves it out). ``--size gpt2-small`` is a randomly initialised GPT of GPT-2 small's shape
+(124M parameters): speed only, since a random model's scores are too close for its greedy
+tokens to mean anything.
 
 Quality (smollm2): five chat prompts (SmolLM2's template, those of ``benchmarks/llama_cpp.py``),
-``--tokens`` greedy tokens each through ``generate`` (the fast step), float32 against int8:
+``--tokens`` greedy tokens each through ``generate`` (the fast step), float32 against int8
+and against int4:
 how many prompts give equal tokens, how many tokens agree before the first difference, and
 there the margin between float32's two best logits. Then float32's continuation is fed to both
 models in one pass: the largest difference of the logits over all positions, relative to the
-largest float32 logit, and at how many positions int8's best token is float32's (with the
-margins where it is not).
+largest float32 logit, and at how many positions the quantized model's best token is
+float32's (with the margins where it is not). ``benchmarks/int8_rounding.py`` finds which
+rounding parts them.
 
 Quality is measured on one thread (the tokens do not depend on it). Speed, at each of
 ``--threads``: batch 1, the first prompt continued by ``--tokens`` greedy tokens (prefill included),
-one untimed warm-up each, then ``--rounds`` rounds in which the two models take turns at going
-first; the ratio is the median of the per-round ratios of tokens per second, int8 / float32,
-measured in the same run. The load average is printed first and last: on a busy machine the
-ratio means little (two threads that wait for each other suffer most in float32, whose
-products take longer).
+one untimed warm-up each, then ``--rounds`` rounds in which the models take turns (the order
+reversed every other round); each ratio is the median of the per-round ratios of tokens per
+second to float32's, measured in the same run. The load average is printed first and last:
+on a busy machine the ratio means little (two threads that wait for each other suffer most in
+float32, whose products take longer).
 
 The target (issue 44): at least 1.7x float32's fast step on a quiet machine at 2 threads, and
 greedy tokens equal on at least 4 of 5 prompts over 64 tokens.
 
-Why it is faster: ``int8_linear_fast`` multiplies through PyTorch's ``_weight_int8pack_mm``,
-which reads the int8 matrix itself (a quarter of float32's bytes). It is fast only for
-bfloat16 rows on this CPU (AVX-512 with bfloat16 instructions): with float32 rows it took
-272 us for a 576 x 576 matrix against ``F.linear``'s 27 us, with bfloat16 rows 48 us for
-1536 x 576 against 122-156 us in float32, and SmolLM2's head (49,152 x 576) in 1.9 ms against
-5.7 ms (one thread, load about 1).
+Why they are faster: ``int8_linear_fast`` multiplies through PyTorch's ``_weight_int8pack_mm``
+and ``int4_linear_fast`` through ``_weight_int4pack_mm_for_cpu``, which read the int8 matrix
+itself (a quarter of float32's bytes) or the packed 4-bit codes (an eighth). Both are fast only
+for bfloat16 rows on this CPU (AVX-512 with bfloat16 instructions), and return bfloat16 sums:
+with float32 rows the int8 kernel took 25x longer (3.1 ms against 83 us for 1536 x 576), the
+int4 kernel 30x (float16 rows 50x). Those 8 significant bits are what parts the greedy tokens
+(``benchmarks/int8_rounding.py``: rows and outputs at 8 bits leave 1 prompt of 5 equal, at 11
+bits all 5; per-row int8 weights alone, with an exact product, 1 of 5).
 
-Measured on the course's CPU (2 cores shared with other CPU-bound work, 2026-11-28), so not
-evidence for the target; a quiet measurement at 2 threads is still needed:
+Measured on the course's CPU (2 cores shared with other CPU-bound work, load average 2.6-4.2,
+one thread, torch 2.13, 2026-11-28), so not evidence for the target at 2 threads on a quiet
+machine; the per-round ratios ranged from 0.75x to 4.2x:
 
-* SmolLM2, quality: greedy tokens equal over 64 tokens on 0 of 5 prompts; they parted at tokens
-  59, 17, 6, 9 and 6, where float32's two best logits were 0.45, 0.068, 0.013, 0.19 and 0.0072
-  apart. Float32's tokens fed to both: int8's best token is float32's at 307 of 320 positions,
-  and where not, float32's margin was at most 0.40. The logits moved by at most 5.6% of the
-  largest. (Rounding the rows alone to bfloat16 moved them by 1.3%; int8 weights with a
-  float32 product by 5.6% per row and 3.5% per block of 32.)
-* SmolLM2, speed at 1 thread, load average 3.7: median ratio 1.33x (rounds 1.15-1.91; float32
-  13.0, int8 17.2 tokens/s). At 2 threads, load 3.3-6.9: both about 1-2.6 tokens/s, ratio 0.95x:
-  two threads that wait for each other on a busy machine measure the machine, not the kernels.
-* GPT-2 small's shape (random weights), 1 thread, load 5.8: median ratio 1.40x (rounds
-  1.33-1.66; float32 8.8, int8 12.8 tokens/s).
-* The products alone, one thread, SmolLM2's 210 layer matrices in a row (larger than the
-  cache): float32 ``F.linear`` 31 ms (about 14 GB/s), int8 ``_weight_int8pack_mm`` 18 ms
-  (about 6 GB/s of int8); at 2 threads int8 took 9.8 ms. Fusing the query, key and value
-  matrices (and gate and up) into one call each did not change the int8 time (22.8 against
-  22.7 ms). ``_weight_int4pack_mm_for_cpu`` with bfloat16 rows was no faster than int8 per
-  matrix (50 against 48 us for 1536 x 576).
+* SmolLM2, quality over 64 tokens: int8 equal to float32 on 0 of 5 prompts (parted at tokens 59,
+  17, 6, 9, 6, where float32's margins were 0.45, 0.068, 0.013, 0.19, 0.0072); teacher-forced
+  307 of 320, logits moved by up to 5.6% of the largest. int4: 3 of 5 (parted at 31, margin
+  0.041, and 6, margin 0.0072); teacher-forced 313 of 320, logits moved by up to 3.4%.
+  Not the 4 of 5 of the target, for either.
+* SmolLM2, speed (median of 5 rounds): float32 10.0, int8 14.0 (1.55x), int4 16.0 (1.78x),
+  llama.cpp at Q8_0 19.7 tokens/s (2.01x). So int8 is about 0.7 of llama.cpp's Q8_0 and int4
+  about 0.8-0.9 here.
+* GPT-2 small's shape (random weights): float32 21.3, int8 30.6 (1.50x), int4 44.3 tokens/s
+  (2.17x); per-round int8 1.37-2.11x, int4 1.91-2.94x.
+* Earlier, at load 3.7: SmolLM2 int8 1.33x; at 2 threads on the loaded machine both about 1-2.6
+  tokens/s (two threads that wait for each other measure the machine, not the kernels).
+* Other products tried, per matrix or per step, one thread, loaded: dequantising blocks of
+  rows into a small float32 buffer and multiplying was 5x slower than float32's own product
+  (the conversion costs more than the bytes it saves); fbgemm's ``linear_dynamic_fp16``
+  (float16 weights, float32 rows and sums) kept all 5 prompts equal but decoded at only
+  1.0-1.3x float32; ``torch.compile`` of the dequantising product with float32 sums matched
+  float32 within 2e-4 but ran 1.2x float32 on the layers' matrices (2.7x on the head).
 """
 
 from __future__ import annotations

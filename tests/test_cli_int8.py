@@ -67,8 +67,14 @@ def test_load_model_in_int4_keeps_a_tied_head_in_int8(model_dir):
 
 
 def test_smollm2_in_int4_through_generate(smollm2):
+    """int4 holds SmolLM2's 210 Q4_1 matrices exactly (the head, Q8_0, is int8), and generate
+    in int4 writes what the int4 model generates."""
     path, tokenizer = smollm2
     model = quantize_linears(Llama.from_gguf(path), bits=4)
+    f32 = dict(Llama.from_gguf(path).named_modules())
+    int4 = {name: m for name, m in model.named_modules() if isinstance(m, Int4Linear)}
+    assert len(int4) == 210 and isinstance(model.head, Int8Linear)
+    assert all(torch.equal(m.dequantized(), f32[name].weight) for name, m in int4.items())
     prompt = "The three primary colors are"
     status, stdout, stderr = run("generate", "--prompt", prompt, "--max-new-tokens", "8",
                                  "--temperature", "0", "--device", "cpu", "--dtype", "int4")

@@ -256,8 +256,9 @@ def test_an_int4_model_has_float32s_weights_and_parts_from_its_greedy_tokens_at_
         index):
     """The float32 model (weights made int4-exact) and its int4 twin: the same weights bit for
     bit, so where greedy tokens differ it is the kernel's bfloat16 rounding, and only where
-    float32's two best logits were within 2% of the largest logit (measured: 4 of 6 prompts
-    equal over 16 tokens for the GPT, 6 of 6 for the Llama)."""
+    float32's two best logits were within 2% of the largest logit (measured: 5 of 6 prompts
+    equal over 16 tokens for the GPT, 4 of 6 for the Llama, parted where float32's margin was
+    0.003 and under, on logits near 0.5)."""
     f32 = q4_1_exact(tiny_models()[index].eval())
     int4 = quantize_linears(q4_1_exact(tiny_models()[index].eval()), bits=4)
     assert all(torch.equal(a.weight, b.dequantized()) for a, b in

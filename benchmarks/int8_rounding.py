@@ -18,21 +18,22 @@ largest logit difference). The changes:
 
 Measured on the course's CPU (one thread, torch 2.13, 2026-11-28), 64 tokens:
 
-=============== =============== ================= ============ =====================
-change          prompts equal   parted at         teacher-     largest logit change
-                                (margin)          forced agree (absolute; printed
-                                                               relative to the largest)
-=============== =============== ================= ============ =====================
-int8_weights    1/5             59 (0.45), 31     309/320      1.78
+=============== =============== ================= ============ ==================
+change          prompts equal   parted at         teacher-     largest logit
+                                (float32's        forced agree change, of the
+                                margin)                        largest logit
+=============== =============== ================= ============ ==================
+int8_weights    1/5             59 (0.45), 31     309/320      5.0%
                                 (0.041), 9 (0.19),
-                                6 (0.007)
-rows_8_bits     3/5             6 (0.013), 6      319/320      0.34
-                                (0.007)
-outputs_8_bits  2/5             0 (0.082), 6      315/320      0.34
-                                (0.013), 6 (0.007)
-both_8_bits     1/5             0, 50, 6, 6       316/320      0.63
-both_11_bits    5/5             -                 320/320      0.055
-=============== =============== ================= ============ =====================
+                                6 (0.0072)
+rows_8_bits     3/5             6 (0.013), 6      319/320      0.88%
+                                (0.0072)
+outputs_8_bits  2/5             0 (0.082), 6      315/320      0.95%
+                                (0.013), 6 (0.0072)
+both_8_bits     1/5             0 (0.082), 50     316/320      1.6%
+                                (0.25), 6, 6
+both_11_bits    5/5             -                 320/320      0.14%
+=============== =============== ================= ============ ==================
 
 So equal greedy tokens need the weights exact (SmolLM2's are Q4_1: ``quantize.Int4Linear``
 holds them exactly, per-row int8 does not) and about 11 significant bits in the product.

@@ -41,7 +41,7 @@ from minitransformer.lm import (
 from minitransformer.masks import causal_mask
 from minitransformer.positional import sinusoidal_positional_encoding
 from minitransformer.pretrained import Rename
-from minitransformer.quantize import Int8Linear
+from minitransformer.quantize import QUANTIZED_LINEARS, Int8Linear
 
 POSITIONAL = ("learned", "sinusoidal")
 GELUS = ("gelu", "gelu_tanh")  # exact, and the tanh approximation GPT-2 uses (chapter 13)
@@ -437,7 +437,7 @@ class GPT(nn.Module):
         no module, so a hook would not run) and no parametrized weights. ``int8``: the fast
         step's question, which also follows int8 layers
         (:func:`~minitransformer.quantize.quantize_linears`)."""
-        built = _BUILT_TYPES + (Int8Linear,) * int8
+        built = _BUILT_TYPES + QUANTIZED_LINEARS * int8
         cls = type(self)
         if (cls.forward is not GPT.forward or cls.embed is not GPT.embed
                 or cls._embed is not GPT._embed or cls._embed_at is not GPT._embed_at

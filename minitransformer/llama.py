@@ -44,7 +44,7 @@ from minitransformer.lm import (
     positions_from_mask,
 )
 from minitransformer.pretrained import Rename
-from minitransformer.quantize import Int8Linear
+from minitransformer.quantize import QUANTIZED_LINEARS
 from minitransformer.rotary import _angles, _check_head_dim, _rotate
 
 # transformers' LlamaForCausalLM name for each of our tensors (chapter 14); "{i}" is a layer.
@@ -608,7 +608,7 @@ class Llama(nn.Module):
         config's eps and head width, no hooks and no parametrized weights. ``int8``: the
         fast step's question, which also follows int8 layers
         (:func:`~minitransformer.quantize.quantize_linears`)."""
-        built = _BUILT_TYPES + (Int8Linear,) * int8
+        built = _BUILT_TYPES + QUANTIZED_LINEARS * int8
         cls = type(self)
         if (cls.forward is not Llama.forward or cls._rotary is not Llama._rotary
                 or cls._rotary_at is not Llama._rotary_at or global_forward_hooks()):

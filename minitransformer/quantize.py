@@ -28,7 +28,13 @@ linear layer's weight as absmax int8 with a float32 scale per row (or per block)
 :func:`quantize_linears` puts one in place of every ``nn.Linear`` of a model, whose fast decode
 step then multiplies through them. :func:`int8_linear` is the product as the equation writes it
 (dequantise, multiply); :func:`int8_linear_fast`, which the layer calls, multiplies the int8
-matrix itself (``benchmarks/int8_decode.py`` times it against float32).
+matrix itself (``benchmarks/int8_decode.py`` times it against float32). :class:`Int4Linear`
+does the same with 4-bit codes in Q4_1's form (a float32 scale and offset per block of 32:
+:func:`int4_quantize`, exact for a Q4_1 file's weights), :func:`int4_linear` its equation and
+:func:`int4_linear_fast` its kernel; ``quantize_linears(model, bits=4)`` puts them in place.
+Both fast kernels multiply bfloat16 rows (8 significant bits): on SmolLM2 that parts greedy
+tokens from float32's at near-ties (``benchmarks/int8_rounding.py`` measures which rounding
+does it).
 """
 
 from __future__ import annotations
@@ -353,28 +359,191 @@ class Int8Linear(nn.Module):
                 + (f", block_size={self.block_size}" if self.group == "block" else ""))
 
 
-def quantize_linears(model: nn.Module, *, group: str = "row",
+# ----- weight-only int4 ----------------------------------------------------------------------
+
+#: the CPU kernel's packing wants whole tiles of rows: an int4 layer's rows are padded with
+#: zeros to a multiple of this for it
+INT4_ROW_TILE = 16
+
+
+def int4_quantize(weight: Tensor, *, block_size: int = BLOCK_SIZE
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """Q4_1's form with float32 numbers (chapter 19): per block of ``block_size`` values of a
+    row, ``d = (max - min) / 15``, ``m = min`` and ``q = round((x - m) / d)`` in 0-15;
+    ``x ~ d q + m``. A weight that a Q4_1 file stored (dequantised ``d q + m``, as SmolLM2's
+    linear layers are) comes back exactly, which :func:`zero_point_quantize`'s whole-number
+    zero does not give.
+
+    Returns:
+        ``(q, scale, offset)``: ``q`` uint8 0-15 of ``weight``'s shape, ``scale`` ``d`` and
+        ``offset`` ``m`` float32 ``(..., n_blocks, 1)``; a block of equal values gets ``d = 1``.
+
+    Raises:
+        TypeError, ValueError: as :func:`absmax_quantize` with ``group="block"``.
+    """
+    groups = _grouped(weight, 4, "block", block_size)
+    low = groups.amin(dim=-1, keepdim=True)
+    scale = (groups.amax(dim=-1, keepdim=True) - low) / 15
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round((groups - low) / scale).clamp(0, 15)
+    return q.to(torch.uint8).reshape(weight.shape), scale, low
+
+
+def int4_dequantize(q: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
+    """``d q + m``: the float32 values of :func:`int4_quantize`'s output."""
+    return _times_scale(q.float(), scale) + _expand_like(offset.float(), q)
+
+
+def int4_linear(x: Tensor, q: Tensor, scale: Tensor, offset: Tensor,
+                bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, d q + m, bias)`` from the equation (:func:`int4_dequantize`, a float copy
+    of the whole matrix): the reference that :func:`int4_linear_fast` is tested against."""
+    return F.linear(x, int4_dequantize(q, scale, offset).to(x.dtype), bias)
+
+
+def int4_linear_fast(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, out_features: int,
+                     bias: Tensor | None = None) -> Tensor:
+    """:func:`int4_linear` through PyTorch's CPU kernel ``_weight_int4pack_mm_for_cpu``, which
+    reads the packed 4-bit codes themselves (half a byte a weight) and computes
+    ``(q - 8) s + z`` per block of 32 inside the product. It is fast for bfloat16 rows only
+    (on torch 2.13, float32 rows took 40x longer), so the rows, ``s = d`` and
+    ``z = m + 8 d`` are rounded to bfloat16 (8 significant bits) and the sums come back in
+    bfloat16: each output is within ``2^-8 |x| (|W| + 16 |d| + |m|)^T + 2^-8 |y|`` of
+    :func:`int4_linear`'s (each rounding ``2^-9`` relative, doubled for slack).
+    ``packed`` and ``scales_and_zeros`` are :meth:`Int4Linear.packed`'s."""
+    width = x.shape[-1]
+    rows = x.reshape(-1, width).to(torch.bfloat16)
+    y = _int4pack_mm(rows, packed, BLOCK_SIZE, scales_and_zeros)[:, :out_features]
+    y = y.to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], out_features)
+
+
+_int4pack_mm = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)
+_int4pack = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
+
+
+class Int4Linear(nn.Module):
+    """A linear layer with 4-bit weights in Q4_1's form (weight-only, chapter 19): codes
+    ``weight_int4`` ``(out, in)`` (uint8 0-15, one a byte), and per block of 32 values of a
+    row a float32 ``scale`` ``d`` and ``offset`` ``m`` ``(out, in / 32, 1)``: ``W = d q + m``
+    (:func:`int4_quantize`), and a float ``bias`` or none. Its forward on the CPU is
+    :func:`int4_linear_fast` (bfloat16 inside the kernel) over a packed copy of the codes made
+    at the first call (and again if the codes change); elsewhere, or without the kernel,
+    :func:`int4_linear`. Made from a trained layer by :meth:`from_linear`, or all of a model's
+    by :func:`quantize_linears` with ``bits=4``. For inference: nothing in it learns."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        _checks.check_int("in_features", in_features)
+        _checks.check_int("out_features", out_features)
+        if in_features % BLOCK_SIZE:
+            raise ValueError(f"in_features={in_features} do not split into blocks of "
+                             f"{BLOCK_SIZE}")
+        self.in_features, self.out_features = in_features, out_features
+        blocks = (out_features, in_features // BLOCK_SIZE, 1)
+        self.register_buffer("weight_int4", torch.zeros(out_features, in_features,
+                                                        dtype=torch.uint8, device=device))
+        self.register_buffer("scale", torch.ones(blocks, device=device))
+        self.register_buffer("offset", torch.zeros(blocks, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, device=device, dtype=dtype)
+                             if bias else None)
+        self._packed: tuple[tuple, Tensor, Tensor] | None = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int4Linear:
+        """``linear``'s weight by :func:`int4_quantize`, its bias as it is, on its device."""
+        _checks.check_type("linear", linear, nn.Linear, "an nn.Linear")
+        weight = linear.weight.detach()
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                    device=weight.device, dtype=weight.dtype)
+        q, scale, offset = int4_quantize(weight)
+        layer.weight_int4.copy_(q)
+        layer.scale.copy_(scale)
+        layer.offset.copy_(offset)
+        if linear.bias is not None:
+            layer.bias.copy_(linear.bias.detach())
+        return layer
+
+    def dequantized(self) -> Tensor:
+        """The float32 weight ``d q + m`` of the equation."""
+        return int4_dequantize(self.weight_int4, self.scale, self.offset)
+
+    def packed(self) -> tuple[Tensor, Tensor]:
+        """The kernel's inputs: the codes packed (rows padded with zeros to a multiple of
+        ``INT4_ROW_TILE``) and the bfloat16 ``(in / 32, rows, 2)`` scales ``d`` and zeros
+        ``m + 8 d``; made again when the codes, scales or offsets have changed."""
+        key = tuple((t.data_ptr(), t._version) for t in
+                    (self.weight_int4, self.scale, self.offset))
+        if self._packed is None or self._packed[0] != key:
+            pad = -self.out_features % INT4_ROW_TILE
+            codes = F.pad(self.weight_int4.to(torch.int32), (0, 0, 0, pad))
+            zeros = self.offset + 8 * self.scale
+            pairs = torch.cat([self.scale, zeros], dim=-1)               # (out, blocks, 2)
+            pairs = F.pad(pairs, (0, 0, 0, 0, 0, pad)).transpose(0, 1)
+            self._packed = (key, _int4pack(codes, 2),
+                            pairs.to(torch.bfloat16).contiguous())
+        return self._packed[1], self._packed[2]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (d q + m)^T + b`` for ``x`` ``(..., in)``: :func:`int4_linear_fast` on the
+        CPU, else :func:`int4_linear`."""
+        if x.device.type == "cpu" and _int4pack_mm is not None and x.is_floating_point():
+            return int4_linear_fast(x, *self.packed(), self.out_features, self.bias)
+        return int4_linear(x, self.weight_int4, self.scale, self.offset, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, block_size={BLOCK_SIZE}")
+
+
+#: the weight-only quantized layers a fast decode step multiplies through
+QUANTIZED_LINEARS = (Int8Linear, Int4Linear)
+
+
+def quantize_linears(model: nn.Module, *, bits: int = 8, group: str | None = None,
                      block_size: int = BLOCK_SIZE) -> nn.Module:
     """Replace every ``nn.Linear`` inside ``model`` by its :class:`Int8Linear`
-    (:meth:`Int8Linear.from_linear`), in place, and return ``model``: weight-only int8, for
-    decoding. Embeddings and norms stay as they are (an embedding is read one row per token);
-    a head tied to the embedding gets its own int8 copy. Raises ``ValueError`` where a row does
-    not split into blocks, naming the layer, or over LoRA layers (merge them first), and leaves
-    the model as it was."""
+    (:meth:`Int8Linear.from_linear`; ``bits=8``, ``group`` ``"row"`` (default) or
+    ``"block"``) or its :class:`Int4Linear` (``bits=4``: per block of 32, ``group`` left out
+    or ``"block"``), in place, and return ``model``: weight-only, for decoding. Embeddings and
+    norms stay as they are (an embedding is read one row per token); a head tied to the
+    embedding gets its own quantized copy, in int8 per row even with ``bits=4`` (as
+    llama.cpp's 4-bit files keep the token embedding in 6 to 8 bits: SmolLM2's is Q8_0, and 4
+    bits there made 43 of 320 greedy choices differ from float32's). Raises ``ValueError``
+    where a row does not split into blocks, naming the layer, or over LoRA layers (merge them
+    first), and leaves the model as it was."""
     from minitransformer.lora import LoRALinear        # lora imports the models, which import us
 
     _checks.check_type("model", model, nn.Module, "an nn.Module")
-    _checks.check_choice("group", group, ("row", "block"))
+    if _checks.check_int("bits", bits) not in (4, 8):
+        raise ValueError(f"bits must be 8 or 4, got {bits}")
+    if bits == 4:
+        if group not in (None, "block") or block_size != BLOCK_SIZE:
+            raise ValueError(f"bits=4 quantizes per block of {BLOCK_SIZE}: leave out group "
+                             f"and block_size (got group={group!r}, block_size={block_size})")
+        make = Int4Linear.from_linear
+    else:
+        group = "row" if group is None else group
+        _checks.check_choice("group", group, ("row", "block"))
+
+        def make(child: nn.Linear) -> Int8Linear:
+            return Int8Linear.from_linear(child, group=group, block_size=block_size)
     adapted = [name for name, m in model.named_modules() if isinstance(m, LoRALinear)]
     if adapted:
         raise ValueError(f"{adapted[0]} is a LoRA layer: merge the adapters first "
                          f"(lora.merge_lora), then quantize")
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     layers = []                        # all made first: a refusal leaves the model as it was
     for name, module in model.named_modules():
         for child_name, child in module.named_children():
             if type(child) is nn.Linear:
                 try:
-                    layer = Int8Linear.from_linear(child, group=group, block_size=block_size)
+                    layer = (Int8Linear.from_linear(child) if bits == 4 and id(child.weight)
+                             in tied else make(child))
                 except ValueError as exc:
                     raise ValueError(f"{(name + '.' if name else '') + child_name}: {exc}"
                                      ) from None

@@ -24,7 +24,7 @@ from minitransformer.chat import apply_chat_template, stop_token_ids
 from minitransformer.cli import common
 from minitransformer.generation import generate
 from minitransformer.llama import Llama
-from minitransformer.quantize import Int8Linear, quantize_linears
+from minitransformer.quantize import Int4Linear, Int8Linear, quantize_linears
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def greedy(model, ids: list[int], n: int, stops=()) -> list[int]:
 @pytest.mark.parametrize("command", ["chat", "generate", "serve"])
 def test_the_three_commands_take_dtype_float32_by_default(command):
     status, stdout, _ = run(command, "--help")
-    assert status == 0 and "--dtype {float32,int8}" in stdout
+    assert status == 0 and "--dtype {float32,int8,int4}" in stdout
     from minitransformer.cli import build_parser
     argv = {"generate": ["--prompt", "a"]}.get(command, [])
     assert build_parser().parse_args([command, *argv]).dtype == "float32"
@@ -57,6 +57,30 @@ def test_load_model_quantizes_every_linear_layer(model_dir):
     model, _ = common.load_model(str(model_dir), torch.device("cpu"), dtype="int8")
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 2 * 6 + 1
+
+
+def test_load_model_in_int4_keeps_a_tied_head_in_int8(model_dir):
+    model, _ = common.load_model(str(model_dir), torch.device("cpu"), dtype="int4")
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == 2 * 6
+    assert isinstance(model.head, Int8Linear)             # tied to the token embedding
+
+
+def test_smollm2_in_int4_through_generate(smollm2):
+    """int4 holds SmolLM2's 210 Q4_1 matrices exactly (the head, Q8_0, is int8), and generate
+    in int4 writes what the int4 model generates."""
+    path, tokenizer = smollm2
+    model = quantize_linears(Llama.from_gguf(path), bits=4)
+    f32 = dict(Llama.from_gguf(path).named_modules())
+    int4 = {name: m for name, m in model.named_modules() if isinstance(m, Int4Linear)}
+    assert len(int4) == 210 and isinstance(model.head, Int8Linear)
+    assert all(torch.equal(m.dequantized(), f32[name].weight) for name, m in int4.items())
+    prompt = "The three primary colors are"
+    status, stdout, stderr = run("generate", "--prompt", prompt, "--max-new-tokens", "8",
+                                 "--temperature", "0", "--device", "cpu", "--dtype", "int4")
+    assert status == 0, stderr
+    ids = tokenizer.encode(prompt)
+    assert stdout == tokenizer.decode(ids + greedy(model, ids, 8)) + "\n"
 
 
 def test_generate_and_chat_in_int8_write_what_the_int8_model_generates(model_dir, monkeypatch):
@@ -145,8 +169,8 @@ def test_bad_combinations_are_refused_in_one_line(model_dir, tmp_path, monkeypat
         assert "Traceback" not in stderr
         return stderr
 
-    assert "int4" in refused("generate", "--model", model_dir, "--prompt", "a",
-                             "--dtype", "int4")
+    assert "int2" in refused("generate", "--model", model_dir, "--prompt", "a",
+                             "--dtype", "int2")
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps(

@@ -89,16 +89,19 @@ def add_model_flags(parser: argparse.ArgumentParser, model: str | None, *,
 
 
 #: --dtype of chat, generate and serve: the weights' precision while decoding
-DECODE_DTYPES = ("float32", "int8")
+DECODE_DTYPES = ("float32", "int8", "int4")
 
 
 def add_dtype_flag(parser: argparse.ArgumentParser) -> None:
-    """``--dtype float32|int8`` of ``chat``, ``generate`` and ``serve`` (:func:`load_model`'s
-    ``dtype``)."""
+    """``--dtype float32|int8|int4`` of ``chat``, ``generate`` and ``serve``
+    (:func:`load_model`'s ``dtype``)."""
     parser.add_argument("--dtype", choices=DECODE_DTYPES, default="float32",
-                        help="the weights while decoding: float32 (default), or int8: every "
-                        "linear layer's weight in 8 bits with one scale per row, multiplied "
-                        "without a float copy (weight-only, chapter 19; the CPU only)")
+                        help="the weights while decoding: float32 (default); int8: every "
+                        "linear layer's weight in 8 bits with one scale per row; int4: in 4 "
+                        "bits with a scale and an offset per block of 32 (a Q4_1 file's "
+                        "weights exactly), a tied head in int8; both multiplied without a "
+                        "float copy, in bfloat16 inside the kernel (weight-only, chapter 19; "
+                        "the CPU only)")
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser, *, length: str) -> None:
@@ -309,7 +312,8 @@ def load_model(path: str | None, where: torch.device, *, dtype: str = "float32"
     from the cache (:func:`minitransformer.pretrained.smollm2_path`), never the network.
 
     ``dtype`` is ``--dtype``: ``"int8"`` replaces every linear layer by its
-    :class:`~minitransformer.quantize.Int8Linear`
+    :class:`~minitransformer.quantize.Int8Linear`, ``"int4"`` by its
+    :class:`~minitransformer.quantize.Int4Linear` (a tied head by an ``Int8Linear``)
     (:func:`~minitransformer.quantize.quantize_linears`), refused in one line on another
     device than the CPU and for a LoRA adapter directory (merge it first)."""
     from minitransformer.lora import ADAPTER_CONFIG_FILE
@@ -324,7 +328,7 @@ def load_model(path: str | None, where: torch.device, *, dtype: str = "float32"
     if dtype == "float32":
         return model, tokenizer
     from minitransformer.quantize import quantize_linears
-    return quantize_linears(model), tokenizer
+    return quantize_linears(model, bits=4 if dtype == "int4" else 8), tokenizer
 
 
 def _load_model(path: str | None, where: torch.device) -> tuple[torch.nn.Module, BPETokenizer]:

@@ -83,3 +83,15 @@ def test_a_build_that_never_ends_fails_after_the_timeout(monkeypatch, tmp_path):
     monkeypatch.setenv(BOOK_STATUS_VAR, str(tmp_path / "book.status"))
     with pytest.raises(pytest.fail.Exception, match="wrote no status"):
         wait_for_book(timeout=1.5)
+
+
+def test_the_memory_of_a_worker_is_measured():
+    """conftest gives memory back after a file that leaves the worker above GIVE_BACK_ABOVE_MB:
+    that needs the worker's resident memory, read on Linux (elsewhere 0: nothing is done)."""
+    import sys
+
+    from conftest import GIVE_BACK_ABOVE_MB, _resident_mb
+
+    if sys.platform.startswith("linux"):
+        assert 50 < _resident_mb() < 1_000_000
+    assert GIVE_BACK_ABOVE_MB == 3000

@@ -167,6 +167,22 @@ def smollm2_transformers_model():
     return _kept("model", _read_model, _write_model)
 
 
+# --- the experiments' scripts, as modules -----------------------------------------------------
+
+def experiment_module(name: str):
+    """``experiments/<name>.py`` imported as a module (the folder is on ``sys.path`` only
+    while it is imported, as the scripts import their shared helpers from beside them)."""
+    import importlib
+    import sys
+
+    folder = str(Path(__file__).resolve().parent.parent / "experiments")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(folder)
+
+
 # --- the order of the files, and the book built beside the tests ------------------------------
 # The tests of the built pages, which wait for `make test`'s book build, and how many seconds of
 # the other files' work come before them: the build takes about 3 minutes beside the tests, and

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers
 import pytest
 
 from minitransformer import evaluation as ev
@@ -22,12 +23,7 @@ TASKS = ("mmlu", "mmlu_cloze", "hellaswag")
 
 
 def experiment_module():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import forgetting_smollm2
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return forgetting_smollm2
+    return helpers.experiment_module("forgetting_smollm2")
 
 
 def check_comparisons(results: dict) -> None:

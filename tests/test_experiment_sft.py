@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "experiments" / "sft_smollm2.py"
 STORED = ROOT / "experiments" / "results" / "sft_smollm2.json"
@@ -48,12 +50,7 @@ def test_two_steps_write_what_the_chapter_reads(tmp_path):
 
 
 def experiment_module():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import sft_smollm2
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return sft_smollm2
+    return helpers.experiment_module("sft_smollm2")
 
 
 def test_format_check_and_answer_check():

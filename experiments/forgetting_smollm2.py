@@ -192,7 +192,10 @@ def train_dpo(base, tokenizer, args: argparse.Namespace) -> tuple:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if not 2 <= args.pieces <= PIECES:
+        parser.error(f"--pieces {args.pieces}: a standard error needs 2 to {PIECES} pieces")
     torch.set_num_threads(args.threads)
     start = clock()
     base, tokenizer = load_smollm2()
